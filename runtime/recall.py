@@ -1,0 +1,365 @@
+"""Hybrid recall: vector neighbours beside FTS5 keywords, reranked.
+
+Candidates come from the hnswlib indexes (per memory kind) and from FTS5 over
+the transcript, episodes and facts. Each candidate's relevance blends its
+cosine similarity to the query with its normalised keyword score; a turn also
+borrows part of its neighbours' relevance (conversation context). A candidate
+must clear an absolute relevance gate, then the final score (relevance,
+recency/decay weight, salience) must reach a fraction of the best one: weak
+candidates are dropped, never used as padding, and an unrelated query gets
+nothing. The result respects a budget of items and tokens. If the vector path
+fails, recall degrades to a deterministic keyword-only top-N.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Iterable
+
+import numpy as np
+
+from runtime.clock import Clock
+from runtime.config import RecallSettings
+from runtime.decay import episode_weight, fact_weight, recency_weight
+from runtime.embedder import Embedder
+from runtime.fact_kinds import FactKinds
+from runtime.fts import MAX_QUERY_CHARS, match_expression
+from runtime.profiles import MemoryProfiles
+from runtime.store import Row, Store
+from runtime.vector_index import KINDS, VectorIndex
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int]
+
+# Default salience of a raw transcript row (episodes carry their own, 1-10).
+TURN_SALIENCE = 5
+# Share of a neighbouring turn's relevance a turn borrows.
+NEIGHBOUR_SHARE = 0.35
+# Weight of the keyword score beside cosine similarity in relevance.
+LEXICAL_WEIGHT = 0.30
+# Raw turns age on the leaf time constant.
+TURN_TAU_DAYS = 14.0
+
+
+def approx_tokens(text: str) -> int:
+    """A token estimate for budgeting: about four characters per token."""
+    return max(1, math.ceil(len(text) / 4))
+
+
+@dataclass(frozen=True)
+class RecallItem:
+    ref: str
+    kind: str
+    item_id: int
+    text: str
+    score: float
+    relevance: float
+    channel: str | None
+    created_at: float
+    turns: tuple[int, ...]
+    tokens: int
+
+
+@dataclass
+class RecallResult:
+    query: str
+    items: list[RecallItem] = field(default_factory=list)
+    degraded: bool = False
+    reason: str | None = None
+    elapsed_ms: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return sum(i.tokens for i in self.items)
+
+    @property
+    def refs(self) -> list[str]:
+        return [i.ref for i in self.items]
+
+    def cited_turns(self) -> list[int]:
+        """Transcript rows cited by the items, in rank order, without repeats."""
+        seen: dict[int, None] = {}
+        for item in self.items:
+            for t in item.turns:
+                seen.setdefault(t, None)
+        return list(seen)
+
+
+def _date(ts: float) -> str:
+    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d")
+
+
+@dataclass
+class _Candidate:
+    kind: str
+    item_id: int
+    row: Row
+    cosine: float = 0.0
+    lexical: float = 0.0
+    relevance: float = 0.0
+    weight: float = 1.0
+    salience: int = TURN_SALIENCE
+    turns: tuple[int, ...] = ()
+
+
+class Recaller:
+    def __init__(
+        self,
+        store: Store,
+        index: VectorIndex,
+        embedder: Embedder,
+        profiles: MemoryProfiles,
+        kinds: FactKinds,
+        settings: RecallSettings,
+        clock: Clock,
+    ) -> None:
+        self.store = store
+        self.index = index
+        self.embedder = embedder
+        self.profiles = profiles
+        self.kinds = kinds
+        self.settings = settings
+        self.clock = clock
+
+    # -- public -----------------------------------------------------------
+
+    def recall(
+        self,
+        query: str,
+        now: float | None = None,
+        max_items: int | None = None,
+        max_tokens: int | None = None,
+    ) -> RecallResult:
+        started = time.perf_counter()
+        now = self.clock.now() if now is None else now
+        max_items = max_items or self.settings.max_items
+        max_tokens = max_tokens or self.settings.max_tokens
+        query = query[:MAX_QUERY_CHARS]
+        result = RecallResult(query=query)
+        if query.strip():
+            try:
+                qvec = self.embedder.embed([query])[0]
+                cands = self._hybrid(query, qvec, now)
+            except Exception as exc:  # the vector path failed: degrade, never raise
+                log.warning("recall vector path failed, using keyword fallback: %s", exc)
+                result.degraded, result.reason = True, f"{type(exc).__name__}: {exc}"
+                cands = self._fallback(query, now)
+                max_items = min(max_items, self.settings.fallback_items)
+            result.items = self._budget(cands, now, max_items, max_tokens)
+        result.elapsed_ms = (time.perf_counter() - started) * 1000
+        return result
+
+    # -- candidate generation ---------------------------------------------
+
+    def _dense(self, qvec: np.ndarray) -> dict[Key, float]:
+        found: dict[Key, float] = {}
+        labels_by_kind: dict[str, dict[int, float]] = {}
+        for kind in KINDS:
+            labels, sims = self.index.search(kind, qvec, self.settings.candidates)
+            labels_by_kind[kind] = {int(lb): float(s) for lb, s in zip(labels, sims)}
+        for kind, sims_by_label in labels_by_kind.items():
+            if not sims_by_label:
+                continue
+            marks = ",".join("?" for _ in sims_by_label)
+            for label, item_id in self.store.conn.execute(
+                f"SELECT id, item_id FROM vectors WHERE id IN ({marks})", list(sims_by_label)
+            ):
+                found[(kind, item_id)] = sims_by_label[label]
+        return found
+
+    def _lexical(self, query: str) -> dict[Key, float]:
+        expr = match_expression(query)
+        if expr is None:
+            return {}
+        k = self.settings.candidates
+        found: dict[Key, float] = {}
+        for kind, table in (("turn", "transcript_fts"), ("episode", "episodes_fts"),
+                            ("fact", "facts_fts")):
+            hits = list(self.store.conn.execute(
+                f"SELECT rowid, -bm25({table}) FROM {table} WHERE {table} MATCH ?"
+                f" ORDER BY bm25({table}) LIMIT ?", (expr, k)))
+            if not hits:
+                continue
+            best = max(score for _, score in hits) or 1.0
+            for rowid, score in hits:
+                found[(kind, int(rowid))] = max(0.0, float(score) / best)
+        return found
+
+    def _load(self, keys: Iterable[Key], now: float) -> dict[Key, _Candidate]:
+        by_kind: dict[str, list[int]] = {}
+        for kind, item_id in keys:
+            by_kind.setdefault(kind, []).append(item_id)
+        out: dict[Key, _Candidate] = {}
+        for kind, ids in by_kind.items():
+            marks = ",".join("?" for _ in ids)
+            if kind == "turn":
+                for row in self.store.rows(f"SELECT * FROM transcript WHERE id IN ({marks})", ids):
+                    if not self.profiles.for_source(row["source"]).remembered:
+                        continue
+                    out[(kind, row["id"])] = _Candidate(
+                        kind, row["id"], row,
+                        weight=recency_weight(row["created_at"], now, TURN_TAU_DAYS),
+                        turns=(row["id"],))
+            elif kind == "episode":
+                rows = self.store.rows(
+                    f"SELECT * FROM episodes WHERE id IN ({marks}) AND tombstoned_at IS NULL", ids)
+                cites = self._episode_citations([r["id"] for r in rows])
+                for row in rows:
+                    out[(kind, row["id"])] = _Candidate(
+                        kind, row["id"], row,
+                        weight=episode_weight(row["level"], row["last_relevant_at"], now,
+                                              memory_level=row["memory_level"]),
+                        salience=row["salience"], turns=tuple(cites.get(row["id"], ())))
+            else:
+                for row in self.store.rows(
+                        f"SELECT * FROM facts WHERE id IN ({marks}) AND disabled = 0", ids):
+                    if row["kind"] not in self.kinds:
+                        continue
+                    out[(kind, row["id"])] = _Candidate(
+                        kind, row["id"], row,
+                        weight=fact_weight(self.kinds.policy(row["kind"]), row["confirmed_at"],
+                                           now, row["valid_to"], row["memory_level"]),
+                        salience=round(1 + 9 * row["confidence"]),
+                        turns=_fact_turns(row["provenance"]))
+        return out
+
+    def _episode_citations(self, ids: list[int]) -> dict[int, list[int]]:
+        if not ids:
+            return {}
+        marks = ",".join("?" for _ in ids)
+        cites: dict[int, list[int]] = {}
+        for episode_id, turn_id in self.store.conn.execute(
+            f"SELECT episode_id, transcript_id FROM episode_citations"
+            f" WHERE episode_id IN ({marks}) ORDER BY episode_id, transcript_id", ids
+        ):
+            cites.setdefault(episode_id, []).append(turn_id)
+        return cites
+
+    def _vectors(self, keys: list[Key]) -> dict[Key, np.ndarray]:
+        out: dict[Key, np.ndarray] = {}
+        for kind in KINDS:
+            ids = [i for k, i in keys if k == kind]
+            if not ids:
+                continue
+            marks = ",".join("?" for _ in ids)
+            for item_id, blob in self.store.conn.execute(
+                f"SELECT item_id, vec FROM vectors WHERE kind = ? AND item_id IN ({marks})",
+                [kind, *ids],
+            ):
+                out[(kind, item_id)] = np.frombuffer(blob, dtype=np.float32)
+        return out
+
+    def _neighbour_cosines(self, cands: dict[Key, _Candidate], qvec: np.ndarray) -> None:
+        """Let each turn borrow part of its best neighbour's similarity."""
+        turn_rows = [c.row for c in cands.values() if c.kind == "turn"]
+        if not turn_rows or NEIGHBOUR_SHARE <= 0 or self.settings.context_turns <= 0:
+            return
+        span = self.settings.context_turns
+        neighbour_ids: dict[int, list[int]] = {}
+        for row in turn_rows:
+            ids = [r[0] for r in self.store.conn.execute(
+                "SELECT id FROM transcript WHERE channel = ? AND id BETWEEN ? AND ? AND id != ?",
+                (row["channel"], row["id"] - span * 4, row["id"] + span * 4, row["id"]))]
+            before = [i for i in ids if i < row["id"]][-span:]
+            after = [i for i in ids if i > row["id"]][:span]
+            neighbour_ids[row["id"]] = before + after
+        wanted = sorted({i for ids in neighbour_ids.values() for i in ids})
+        vecs = self._vectors([("turn", i) for i in wanted])
+        sims = {key[1]: float(v @ qvec) for key, v in vecs.items()}
+        for row in turn_rows:
+            near = [sims[i] for i in neighbour_ids[row["id"]] if i in sims]
+            if near:
+                cand = cands[("turn", row["id"])]
+                cand.relevance += NEIGHBOUR_SHARE * max(0.0, max(near) - cand.cosine)
+
+    def _hybrid(self, query: str, qvec: np.ndarray, now: float) -> list[_Candidate]:
+        dense = self._dense(qvec)
+        lexical = self._lexical(query)
+        cands = self._load(set(dense) | set(lexical), now)
+        missing = [k for k in cands if k not in dense]
+        for key, vec in self._vectors(missing).items():
+            dense[key] = float(vec @ qvec)
+        gate = self.settings.min_cosine
+        kept: dict[Key, _Candidate] = {}
+        for key, cand in cands.items():
+            cand.cosine = dense.get(key, 0.0)
+            cand.lexical = lexical.get(key, 0.0)
+            lexical_gate = cand.lexical > 0 and cand.cosine >= gate - 0.1
+            if cand.cosine < gate and not lexical_gate:
+                continue
+            cand.relevance = cand.cosine + LEXICAL_WEIGHT * cand.lexical
+            kept[key] = cand
+        self._neighbour_cosines(kept, qvec)
+        return list(kept.values())
+
+    def _fallback(self, query: str, now: float) -> list[_Candidate]:
+        lexical = self._lexical(query)
+        cands = self._load(lexical, now)
+        for key, cand in cands.items():
+            cand.lexical = lexical[key]
+            cand.relevance = cand.lexical
+        return list(cands.values())
+
+    # -- ranking and budget -----------------------------------------------
+
+    def _final(self, cand: _Candidate) -> float:
+        s = self.settings
+        return (s.weight_relevance * cand.relevance + s.weight_recency * cand.weight
+                + s.weight_salience * cand.salience / 10.0)
+
+    def _budget(self, cands: list[_Candidate], now: float, max_items: int,
+                max_tokens: int) -> list[RecallItem]:
+        if not cands:
+            return []
+        scored = sorted(((self._final(c), c) for c in cands),
+                        key=lambda sc: (-sc[0], KINDS.index(sc[1].kind), sc[1].item_id))
+        floor = self.settings.relative_floor * scored[0][0]
+        items: list[RecallItem] = []
+        used = 0
+        for score, cand in scored:
+            if score < floor or len(items) >= max_items:
+                break
+            text = render(cand.kind, cand.row)
+            tokens = approx_tokens(text)
+            if used + tokens > max_tokens:
+                break
+            used += tokens
+            items.append(RecallItem(
+                ref=f"{cand.kind}:{cand.item_id}", kind=cand.kind, item_id=cand.item_id,
+                text=text, score=round(score, 6), relevance=round(cand.relevance, 6),
+                channel=cand.row.get("channel"),
+                created_at=float(cand.row.get("created_at") or cand.row.get("recorded_at") or 0),
+                turns=cand.turns, tokens=tokens))
+        return items
+
+
+def _fact_turns(provenance: str) -> tuple[int, ...]:
+    import json
+
+    try:
+        refs: Any = json.loads(provenance or "[]")
+    except ValueError:
+        return ()
+    out = []
+    for ref in refs if isinstance(refs, list) else []:
+        if isinstance(ref, str) and ref.startswith("turn:") and ref[5:].isdigit():
+            out.append(int(ref[5:]))
+    return tuple(out)
+
+
+def render(kind: str, row: Row) -> str:
+    """The text of a memory as it is injected into a prompt."""
+    if kind == "turn":
+        who = row.get("speaker") or row["role"]
+        return f"[{_date(row['created_at'])}] {who}: {row['content']}"
+    if kind == "episode":
+        return f"[{_date(row['started_at'] or row['created_at'])}] {row['gist']}"
+    window = f"since {_date(row['valid_from'])}"
+    if row.get("valid_to") is not None:
+        window = f"{_date(row['valid_from'])} to {_date(row['valid_to'])}"
+    return f"{row['subject']} {row['key']}: {row['value']} ({window})"

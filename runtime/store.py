@@ -1,0 +1,219 @@
+"""The SQLite store: one file through APSW.
+
+Pragmas are set for a file that Litestream replicates beside us: WAL,
+``busy_timeout``, ``synchronous=NORMAL`` and foreign keys on. We never force a
+TRUNCATE checkpoint (it stalls while Litestream holds a read transaction);
+SQLite's own passive auto-checkpoint is left alone.
+
+Every write goes through :meth:`Store.insert`, :meth:`Store.update` or
+:meth:`Store.delete`, which record the change in ``write_log`` (writer, time,
+before and after) inside the same transaction as the change itself.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import apsw
+
+from runtime.clock import Clock, SystemClock
+from runtime.fact_kinds import FactKinds
+from runtime.migrations import migrate
+
+log = logging.getLogger(__name__)
+
+Row = dict[str, Any]
+
+# Tables writable through the generic write path, and their columns. Column
+# names in SQL come only from here, never from callers' data.
+WRITABLE: dict[str, frozenset[str]] = {
+    "transcript": frozenset(
+        "channel source role speaker content created_at lat lon accuracy_m place "
+        "external_id citations".split()
+    ),
+    "compactions": frozenset("channel summary watermark created_at".split()),
+    "tool_calls": frozenset("transcript_id name arguments result created_at".split()),
+    "episodes": frozenset(
+        "channel source level gist salience emotion memory_level weight started_at "
+        "ended_at last_relevant_at created_at parent_id tombstoned_at".split()
+    ),
+    "facts": frozenset(
+        "kind subject key value confidence source provenance valid_from valid_to "
+        "recorded_at confirmed_at superseded_by disabled memory_level user_managed "
+        "weight".split()
+    ),
+}
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+class Store:
+    def __init__(
+        self,
+        path: Path,
+        fact_kinds: FactKinds,
+        busy_timeout_ms: int = 5000,
+        clock: Clock | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.clock: Clock = clock or SystemClock()
+        self.fact_kinds = fact_kinds
+        self.conn = apsw.Connection(str(self.path))
+        self.conn.setbusytimeout(busy_timeout_ms)
+        mode = self.scalar("PRAGMA journal_mode = WAL")
+        if str(mode).lower() != "wal":
+            raise StoreError(f"{self.path}: could not switch to WAL (journal_mode={mode})")
+        self.conn.execute("PRAGMA synchronous = NORMAL")
+        self.conn.execute("PRAGMA foreign_keys = ON")
+        self.applied_migrations = migrate(self.conn)
+        self._sync_fact_kinds()
+
+    # -- plumbing ---------------------------------------------------------
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[None]:
+        """A savepoint; nests. Commits on success, rolls back on any exception."""
+        with self.conn:
+            yield
+
+    def rows(self, sql: str, args: Sequence[Any] | Mapping[str, Any] = ()) -> list[Row]:
+        cur = self.conn.cursor()
+        cur.execute(sql, args)
+        try:
+            names = [d[0] for d in cur.getdescription()]
+        except apsw.ExecutionCompleteError:
+            return []
+        return [dict(zip(names, r)) for r in cur]
+
+    def row(self, sql: str, args: Sequence[Any] | Mapping[str, Any] = ()) -> Row | None:
+        found = self.rows(sql, args)
+        return found[0] if found else None
+
+    def scalar(self, sql: str, args: Sequence[Any] | Mapping[str, Any] = ()) -> Any:
+        for r in self.conn.execute(sql, args):
+            return r[0]
+        return None
+
+    def pragma(self, name: str) -> Any:
+        if not name.replace("_", "").isalnum():
+            raise ValueError(f"bad pragma name {name!r}")
+        return self.scalar(f"PRAGMA {name}")
+
+    # -- the write path ---------------------------------------------------
+
+    def _check(self, table: str, columns: Sequence[str]) -> None:
+        allowed = WRITABLE.get(table)
+        if allowed is None:
+            raise StoreError(f"table {table!r} is not writable")
+        bad = set(columns) - allowed
+        if bad:
+            raise StoreError(f"{table}: unknown columns {sorted(bad)}")
+
+    def _log(self, writer: str, op: str, table: str, row_id: int,
+             before: Row | None, after: Row | None) -> None:
+        self.conn.execute(
+            "INSERT INTO write_log (at, writer, op, table_name, row_id, before, after)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                self.clock.now(), writer, op, table, row_id,
+                None if before is None else json.dumps(before, default=str),
+                None if after is None else json.dumps(after, default=str),
+            ),
+        )
+
+    def get(self, table: str, row_id: int) -> Row | None:
+        self._check(table, [])
+        return self.row(f"SELECT * FROM {table} WHERE id = ?", (row_id,))
+
+    def insert(self, writer: str, table: str, values: Mapping[str, Any]) -> int:
+        self._check(table, list(values))
+        cols = list(values)
+        sql = (
+            f"INSERT INTO {table} ({', '.join(cols)})"
+            f" VALUES ({', '.join('?' for _ in cols)})"
+        )
+        with self.conn:
+            self.conn.execute(sql, [values[c] for c in cols])
+            row_id = self.conn.last_insert_rowid()
+            self._log(writer, "insert", table, row_id, None, {"id": row_id, **values})
+        return row_id
+
+    def update(self, writer: str, table: str, row_id: int, changes: Mapping[str, Any]) -> Row:
+        self._check(table, list(changes))
+        if not changes:
+            raise StoreError("update with no changes")
+        with self.conn:
+            before = self.get(table, row_id)
+            if before is None:
+                raise StoreError(f"{table}: no row {row_id}")
+            sets = ", ".join(f"{c} = ?" for c in changes)
+            self.conn.execute(
+                f"UPDATE {table} SET {sets} WHERE id = ?", [*changes.values(), row_id]
+            )
+            after = self.get(table, row_id)
+            self._log(writer, "update", table, row_id, before, after)
+        assert after is not None
+        return after
+
+    def delete(self, writer: str, table: str, row_id: int) -> Row | None:
+        self._check(table, [])
+        with self.conn:
+            before = self.get(table, row_id)
+            if before is None:
+                return None
+            self.conn.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,))
+            self._log(writer, "delete", table, row_id, before, None)
+        return before
+
+    # -- vectors (derived data: not in the write log) ----------------------
+
+    def put_vector(self, kind: str, item_id: int, model: str, vec: bytes) -> int:
+        self.conn.execute(
+            "INSERT INTO vectors (kind, item_id, model, vec) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (kind, item_id) DO UPDATE SET model = excluded.model,"
+            " vec = excluded.vec",
+            (kind, item_id, model, vec),
+        )
+        return int(self.scalar(
+            "SELECT id FROM vectors WHERE kind = ? AND item_id = ?", (kind, item_id)
+        ))
+
+    # -- fact kinds -------------------------------------------------------
+
+    def _sync_fact_kinds(self) -> None:
+        """Make the fact_kinds table equal the configured closed set.
+
+        Kinds dropped from the configuration stay in the table only while
+        facts still use them (history is never deleted); new writes of such a
+        kind are still refused by the graph service."""
+        names = self.fact_kinds.names
+        with self.conn:
+            for name in names:
+                system = int(self.fact_kinds.policy(name).system)
+                self.conn.execute(
+                    "INSERT INTO fact_kinds (name, system) VALUES (?, ?)"
+                    " ON CONFLICT (name) DO UPDATE SET system = excluded.system",
+                    (name, system),
+                )
+            placeholders = ", ".join("?" for _ in names)
+            self.conn.execute(
+                f"DELETE FROM fact_kinds WHERE name NOT IN ({placeholders})"
+                " AND name NOT IN (SELECT DISTINCT kind FROM facts)",
+                names,
+            )

@@ -1,0 +1,153 @@
+"""The transcript: an append-only record of every turn, per channel.
+
+It is the source of truth; everything else is derived from it. Every turn is
+written, whatever its source; the per-source memory profile decides only
+whether the turn may become memory (episodes, facts, recall). Raw rows are
+pruned only once they are below the channel's compaction watermark and no live
+episode cites them; compaction summaries persist; a turn's tool calls go with it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from runtime.store import Row, Store
+
+log = logging.getLogger(__name__)
+
+MAX_TURN_CHARS = 32_000
+WRITER = "transcript"
+
+Role = Literal["user", "assistant", "system", "tool"]
+
+
+class Location(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lat: float = Field(ge=-90.0, le=90.0)
+    lon: float = Field(ge=-180.0, le=180.0)
+    accuracy_m: float | None = Field(default=None, ge=0.0)
+    place: str | None = Field(default=None, max_length=200)
+
+
+class TurnIn(BaseModel):
+    """One turn to append. ``created_at`` defaults to the store clock."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    channel: str = Field(min_length=1, max_length=200)
+    source: str = Field(min_length=1, max_length=200)
+    role: Role = "user"
+    content: str = Field(max_length=MAX_TURN_CHARS)
+    speaker: str | None = Field(default=None, max_length=200)
+    created_at: float | None = None
+    location: Location | None = None
+    external_id: str | None = Field(default=None, max_length=200)
+
+    @field_validator("content")
+    @classmethod
+    def _not_blank(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("content is empty")
+        return value
+
+
+class TranscriptService:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def append(self, turn: TurnIn, writer: str = WRITER) -> int:
+        loc = turn.location
+        return self.store.insert(writer, "transcript", {
+            "channel": turn.channel,
+            "source": turn.source,
+            "role": turn.role,
+            "speaker": turn.speaker,
+            "content": turn.content,
+            "created_at": self.store.clock.now() if turn.created_at is None else turn.created_at,
+            "lat": loc.lat if loc else None,
+            "lon": loc.lon if loc else None,
+            "accuracy_m": loc.accuracy_m if loc else None,
+            "place": loc.place if loc else None,
+            "external_id": turn.external_id,
+        })
+
+    def get(self, turn_id: int) -> Row | None:
+        return self.store.get("transcript", turn_id)
+
+    def set_citations(self, turn_id: int, refs: list[str], writer: str = WRITER) -> None:
+        """Record which memories were given to the model for this message."""
+        self.store.update(writer, "transcript", turn_id, {"citations": json.dumps(refs)})
+
+    def add_tool_call(self, turn_id: int, name: str, arguments: dict[str, object],
+                      result: str | None, writer: str = WRITER) -> int:
+        return self.store.insert(writer, "tool_calls", {
+            "transcript_id": turn_id, "name": name,
+            "arguments": json.dumps(arguments), "result": result,
+            "created_at": self.store.clock.now(),
+        })
+
+    def neighbours(self, turn_id: int, before: int, after: int) -> list[Row]:
+        """Up to ``before`` earlier and ``after`` later rows of the same channel."""
+        row = self.get(turn_id)
+        if row is None:
+            return []
+        earlier = self.store.rows(
+            "SELECT * FROM transcript WHERE channel = ? AND id < ? ORDER BY id DESC LIMIT ?",
+            (row["channel"], turn_id, before),
+        )
+        later = self.store.rows(
+            "SELECT * FROM transcript WHERE channel = ? AND id > ? ORDER BY id LIMIT ?",
+            (row["channel"], turn_id, after),
+        )
+        return [*reversed(earlier), row, *later]
+
+    # -- compaction and pruning --------------------------------------------
+
+    def compact(self, channel: str, summary: str, watermark: int, writer: str = WRITER) -> int:
+        """Record a continuity summary of ``channel`` up to row ``watermark``."""
+        if not summary.strip():
+            raise ValueError("compaction summary is empty")
+        current = self.watermark(channel)
+        if current is not None and watermark < current:
+            raise ValueError(f"watermark {watermark} is behind the current one ({current})")
+        return self.store.insert(writer, "compactions", {
+            "channel": channel, "summary": summary, "watermark": watermark,
+            "created_at": self.store.clock.now(),
+        })
+
+    def watermark(self, channel: str) -> int | None:
+        value = self.store.scalar(
+            "SELECT max(watermark) FROM compactions WHERE channel = ?", (channel,)
+        )
+        return None if value is None else int(value)
+
+    def prunable(self, channel: str) -> list[int]:
+        """Rows below the watermark that no live (untombstoned) episode cites."""
+        mark = self.watermark(channel)
+        if mark is None:
+            return []
+        return [r[0] for r in self.store.conn.execute(
+            """
+            SELECT t.id FROM transcript t
+            WHERE t.channel = ? AND t.id <= ?
+              AND NOT EXISTS (
+                SELECT 1 FROM episode_citations c JOIN episodes e ON e.id = c.episode_id
+                WHERE c.transcript_id = t.id AND e.tombstoned_at IS NULL)
+            ORDER BY t.id
+            """,
+            (channel, mark),
+        )]
+
+    def prune(self, channel: str, writer: str = WRITER) -> int:
+        ids = self.prunable(channel)
+        with self.store.transaction():
+            for turn_id in ids:
+                self.store.delete(writer, "transcript", turn_id)
+        if ids:
+            log.info("pruned %d transcript rows", len(ids), extra={"channel": channel})
+        return len(ids)

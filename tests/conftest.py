@@ -1,0 +1,52 @@
+"""Shared fixtures: real SQLite files in temporary directories, the real model."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from runtime.clock import ManualClock
+from runtime.config import Settings, load_settings
+from runtime.embedder import Embedder, make_embedder
+from runtime.memory import Memory
+
+
+@pytest.fixture(scope="session")
+def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("models")
+
+
+@pytest.fixture(scope="session")
+def embedder(model_cache: Path) -> Embedder:
+    """One real ONNX MiniLM session for the whole run (loading costs seconds)."""
+    settings = load_settings(env={}, overrides={"embedder": {"cache_dir": str(model_cache)}})
+    return make_embedder(settings.embedder)
+
+
+@pytest.fixture
+def make_settings(tmp_path: Path, model_cache: Path) -> Callable[..., Settings]:
+    def make(**sections: Any) -> Settings:
+        overrides: dict[str, Any] = {
+            "store": {"data_dir": str(tmp_path / "data")},
+            "embedder": {"cache_dir": str(model_cache)},
+        }
+        for name, values in sections.items():
+            overrides[name] = {**overrides.get(name, {}), **values}
+        return load_settings(env={}, overrides=overrides)
+
+    return make
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(1_700_000_000.0)
+
+
+@pytest.fixture
+def memory(make_settings: Callable[..., Settings], clock: ManualClock,
+           embedder: Embedder) -> Iterator[Memory]:
+    mem = Memory(make_settings(), clock=clock, embedder=embedder)
+    yield mem
+    mem.close()

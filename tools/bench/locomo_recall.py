@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""Recall benchmark on LoCoMo conversations.
+
+Usage:
+    tools/bench/locomo_recall.py DATA.json [--conversations conv-26,conv-30] [--json OUT.json]
+
+Each conversation is ingested into a fresh store through the public runtime
+API (:class:`runtime.memory.Memory`, turn times from the session dates). Each
+question of categories 1-4 is asked through the same recall call the turn path
+uses; what recall returns is mapped to the transcript turns it cites, in rank
+order. Beside it, on the same store and the same embeddings, three plain
+baselines run: FTS5 bm25 alone, MiniLM cosine alone, and their reciprocal-rank
+fusion (k = 60).
+
+Metrics per retriever (k counts cited turns):
+    turn_any@5, turn_any@10  any evidence turn among the first k cited turns
+    turn_all@10              every evidence turn among the first 10
+    sess_all@10              every evidence session among the sessions of the first 10
+    n                        questions scored
+    p50_ms, p99_ms           retrieval latency per question (query embedding included)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import re
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from runtime.clock import DAY, ManualClock  # noqa: E402
+from runtime.config import load_settings  # noqa: E402
+from runtime.embedder import Embedder, make_embedder  # noqa: E402
+from runtime.fts import match_expression  # noqa: E402
+from runtime.memory import Memory  # noqa: E402
+from runtime.transcript import TurnIn  # noqa: E402
+
+log = logging.getLogger("locomo_recall")
+
+RETRIEVERS = ("reverie", "bm25", "dense", "rrf")
+CATEGORIES = {1, 2, 3, 4}
+RRF_K = 60
+DEPTH = 10
+SECONDS_PER_TURN = 30.0
+_DIA = re.compile(r"^D(\d+):(\d+)$")
+
+
+def parse_session_time(text: str) -> float:
+    """'1:56 pm on 8 May, 2023' -> epoch seconds (UTC)."""
+    dt = datetime.strptime(text.strip(), "%I:%M %p on %d %B, %Y")
+    return dt.replace(tzinfo=timezone.utc).timestamp()
+
+
+def turn_text(turn: dict[str, Any]) -> str:
+    text = str(turn.get("text", ""))
+    caption = turn.get("blip_caption")
+    if caption:
+        text = f"{text} [shares a photo: {caption}]"
+    return text
+
+
+def session_of(dia_id: str) -> int:
+    m = _DIA.match(dia_id)
+    return int(m.group(1)) if m else -1
+
+
+@dataclass
+class Scores:
+    any5: list[float] = field(default_factory=list)
+    any10: list[float] = field(default_factory=list)
+    all10: list[float] = field(default_factory=list)
+    sess10: list[float] = field(default_factory=list)
+    latency_ms: list[float] = field(default_factory=list)
+
+    def add(self, ranked: list[str], evidence: set[str], elapsed_ms: float) -> None:
+        top5, top10 = set(ranked[:5]), set(ranked[:DEPTH])
+        self.any5.append(float(bool(evidence & top5)))
+        self.any10.append(float(bool(evidence & top10)))
+        self.all10.append(float(evidence <= top10))
+        sessions = {session_of(d) for d in ranked[:DEPTH]}
+        self.sess10.append(float({session_of(d) for d in evidence} <= sessions))
+        self.latency_ms.append(elapsed_ms)
+
+    def extend(self, other: Scores) -> None:
+        for name in ("any5", "any10", "all10", "sess10", "latency_ms"):
+            getattr(self, name).extend(getattr(other, name))
+
+    def summary(self) -> dict[str, float | int]:
+        lat = np.asarray(self.latency_ms or [0.0])
+        mean = statistics.fmean
+        return {
+            "turn_any@5": round(mean(self.any5 or [0.0]), 4),
+            "turn_any@10": round(mean(self.any10 or [0.0]), 4),
+            "turn_all@10": round(mean(self.all10 or [0.0]), 4),
+            "sess_all@10": round(mean(self.sess10 or [0.0]), 4),
+            "n": len(self.any10),
+            "p50_ms": round(float(np.percentile(lat, 50)), 2),
+            "p99_ms": round(float(np.percentile(lat, 99)), 2),
+        }
+
+
+class Baselines:
+    """Plain retrievers over one conversation's turns, on the runtime's own store."""
+
+    def __init__(self, memory: Memory, embedder: Embedder) -> None:
+        self.memory = memory
+        self.embedder = embedder
+        rows = memory.store.rows(
+            "SELECT v.item_id, v.vec FROM vectors v WHERE v.kind = 'turn' ORDER BY v.item_id")
+        self.ids = np.asarray([r["item_id"] for r in rows], dtype=np.int64)
+        self.matrix = np.stack([np.frombuffer(r["vec"], dtype=np.float32) for r in rows])
+
+    def bm25(self, question: str) -> list[int]:
+        expr = match_expression(question)
+        if expr is None:
+            return []
+        return [r[0] for r in self.memory.store.conn.execute(
+            "SELECT rowid FROM transcript_fts WHERE transcript_fts MATCH ?"
+            " ORDER BY bm25(transcript_fts) LIMIT ?", (expr, DEPTH * 5))]
+
+    def dense(self, question: str) -> list[int]:
+        q = self.embedder.embed([question])[0]
+        sims = self.matrix @ q
+        top = np.argsort(-sims, kind="stable")[: DEPTH * 5]
+        return [int(self.ids[i]) for i in top]
+
+    def rrf(self, question: str) -> list[int]:
+        fused: dict[int, float] = {}
+        for ranking in (self.bm25(question), self.dense(question)):
+            for rank, turn_id in enumerate(ranking):
+                fused[turn_id] = fused.get(turn_id, 0.0) + 1.0 / (RRF_K + rank + 1)
+        return sorted(fused, key=lambda t: (-fused[t], t))
+
+
+def ingest(memory: Memory, clock: ManualClock, conv: dict[str, Any]) -> tuple[dict[int, str], float]:
+    """Write every turn through the runtime API; return transcript id -> dia_id, last time."""
+    c = conv["conversation"]
+    sessions = sorted(
+        (int(k.split("_")[1]) for k in c if re.fullmatch(r"session_\d+", k)),
+    )
+    id_to_dia: dict[int, str] = {}
+    last = 0.0
+    for n in sessions:
+        start = parse_session_time(c[f"session_{n}_date_time"])
+        turns = c[f"session_{n}"]
+        batch = [
+            TurnIn(channel=conv["sample_id"], source="user", role="user",
+                   speaker=t["speaker"], content=turn_text(t),
+                   created_at=start + i * SECONDS_PER_TURN, external_id=t["dia_id"])
+            for i, t in enumerate(turns) if turn_text(t).strip()
+        ]
+        clock.set(start)
+        ids = memory.add_turns(batch)
+        id_to_dia.update({i: t.external_id or "" for i, t in zip(ids, batch)})
+        last = max(last, start + len(turns) * SECONDS_PER_TURN)
+    return id_to_dia, last
+
+
+def run_conversation(conv: dict[str, Any], embedder: Embedder,
+                     workdir: Path) -> dict[str, Scores]:
+    data_dir = workdir / conv["sample_id"]
+    settings = load_settings(env={}, overrides={"store": {"data_dir": str(data_dir)}})
+    clock = ManualClock(0.0)
+    memory = Memory(settings, clock=clock, embedder=embedder)
+    t0 = time.perf_counter()
+    id_to_dia, last = ingest(memory, clock, conv)
+    log.info("%s: %d turns ingested in %.1f s", conv["sample_id"], len(id_to_dia),
+             time.perf_counter() - t0)
+    now = last + DAY
+    clock.set(now)
+    valid = set(id_to_dia.values())
+    baselines = Baselines(memory, embedder)
+    plain: dict[str, Callable[[str], list[int]]] = {
+        "bm25": baselines.bm25, "dense": baselines.dense, "rrf": baselines.rrf}
+    scores = {name: Scores() for name in RETRIEVERS}
+    for qa in conv["qa"]:
+        if qa.get("category") not in CATEGORIES:
+            continue
+        evidence = {e for e in qa.get("evidence", []) if e in valid}
+        if not evidence:
+            continue
+        question = str(qa["question"])
+        result = memory.recall(question, now=now)
+        ranked = [id_to_dia[t] for t in result.cited_turns() if t in id_to_dia]
+        scores["reverie"].add(ranked, evidence, result.elapsed_ms)
+        for name, fn in plain.items():
+            t1 = time.perf_counter()
+            ids = fn(question)
+            elapsed = (time.perf_counter() - t1) * 1000
+            scores[name].add([id_to_dia[i] for i in ids if i in id_to_dia], evidence, elapsed)
+    memory.close()
+    return scores
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("data", type=Path, help="LoCoMo JSON (a list of conversations)")
+    parser.add_argument("--conversations", help="comma-separated sample ids (default: all)")
+    parser.add_argument("--json", type=Path, help="write the figures here as JSON")
+    parser.add_argument("--workdir", type=Path, help="keep the stores here (default: temp)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
+
+    conversations = json.loads(args.data.read_text())
+    if args.conversations:
+        wanted = {c.strip() for c in args.conversations.split(",") if c.strip()}
+        unknown = wanted - {c["sample_id"] for c in conversations}
+        if unknown:
+            parser.error(f"unknown conversations: {', '.join(sorted(unknown))}")
+        conversations = [c for c in conversations if c["sample_id"] in wanted]
+
+    settings = load_settings(env={})
+    embedder = make_embedder(settings.embedder)
+    totals = {name: Scores() for name in RETRIEVERS}
+    with tempfile.TemporaryDirectory(prefix="locomo-") as tmp:
+        workdir = args.workdir or Path(tmp)
+        for conv in conversations:
+            for name, s in run_conversation(conv, embedder, workdir).items():
+                totals[name].extend(s)
+
+    report = {name: totals[name].summary() for name in RETRIEVERS}
+    header = ["retriever", "turn_any@5", "turn_any@10", "turn_all@10", "sess_all@10", "n",
+              "p50_ms", "p99_ms"]
+    print(" | ".join(header))
+    for name in (*RETRIEVERS[1:], RETRIEVERS[0]):
+        print(" | ".join([name, *(str(report[name][h]) for h in header[1:])]))
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    r = report["reverie"]
+    print(f"reverie: turn_any@10={r['turn_any@10']} turn_any@5={r['turn_any@5']} "
+          f"turn_all@10={r['turn_all@10']} sess_all@10={r['sess_all@10']} n={r['n']} "
+          f"p50={r['p50_ms']}ms p99={r['p99_ms']}ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
