@@ -20,6 +20,7 @@ EPISODE_TAU_DAYS: dict[int, float] = {0: 14.0, 1: 90.0, 2: 365.0}
 TOMBSTONE_TAU_DAYS = 7.0
 TOMBSTONE_HARD_DELETE_DAYS = 30.0
 VIVID_FLOOR = 0.5
+SUPERSEDED_FACTOR = 0.25  # a replaced fact loses this much weight at once, then decays fast
 FAINT_SPEED = 2.0
 
 MemoryLevel = Literal["faint", "normal", "vivid", "seared"]
@@ -91,7 +92,8 @@ def fact_weight(
         return 1.0
     if valid_to is not None and valid_to <= now:
         base = half_life_weight(_age_days(confirmed_at, valid_to), policy.half_life_days)
-        return base * half_life_weight(_age_days(valid_to, now), policy.superseded_half_life_days)
+        return SUPERSEDED_FACTOR * base * half_life_weight(
+            _age_days(valid_to, now), policy.superseded_half_life_days)
     half_life = policy.half_life_days
     if half_life is not None and memory_level == "faint":
         half_life /= FAINT_SPEED

@@ -37,8 +37,8 @@ class EpisodeIn(BaseModel):
     memory_level: MemoryLevel = "normal"
     cites: list[int] = Field(default_factory=list)
     children: list[int] = Field(default_factory=list)
-    started_at: float | None = None
-    ended_at: float | None = None
+    started_at: float | None = Field(default=None, allow_inf_nan=False)
+    ended_at: float | None = Field(default=None, allow_inf_nan=False)
 
 
 class EpisodeService:

@@ -33,7 +33,7 @@ class FactKinds:
         self._kinds = dict(kinds)
 
     @classmethod
-    def load(cls, path: Path) -> "FactKinds":
+    def load(cls, path: Path) -> FactKinds:
         data = read_toml(path)
         table = data.get("kinds")
         if not isinstance(table, dict):

@@ -36,7 +36,7 @@ class FactIn(BaseModel):
     confidence: float = Field(default=0.7, ge=0.0, le=1.0)
     source: str = Field(default="user", min_length=1)
     provenance: list[str] = Field(default_factory=list)
-    valid_from: float | None = None
+    valid_from: float | None = Field(default=None, allow_inf_nan=False)
     memory_level: MemoryLevel = "normal"
     user_managed: bool = False
 

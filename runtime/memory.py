@@ -13,15 +13,15 @@ the indexes catch up from the ``vectors`` table on the next open.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
 from runtime.clock import Clock, SystemClock
 from runtime.config import Settings
 from runtime.embedder import Embedder, make_embedder
-from runtime.episodes import EpisodeIn, EpisodeService
+from runtime.episodes import EpisodeIn, EpisodeService, MutedSource
 from runtime.fact_kinds import FactKinds
 from runtime.facts import FactIn, GraphService, Resolution
 from runtime.profiles import MemoryProfiles
@@ -60,8 +60,9 @@ class Memory:
         self.transcript = TranscriptService(self.store)
         self.episodes = EpisodeService(self.store, self.profiles)
         self.graph = GraphService(self.store, self.kinds)
-        self.recaller = Recaller(self.store, self.index, self.embedder, self.profiles,
-                                 self.kinds, settings.recall, self.clock)
+        self._replaced: list[tuple[str, int]] = []
+        self.recaller = Recaller(self.store, self.index, self.embedder, self.kinds,
+                                 settings.recall, self.clock)
         self.reembed_stale()
 
     @property
@@ -76,7 +77,7 @@ class Memory:
         self.index.save()
         self.store.close()
 
-    def __enter__(self) -> "Memory":
+    def __enter__(self) -> Memory:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -88,19 +89,39 @@ class Memory:
         return self.embedder.embed(texts) if texts else np.empty((0, self.embedder.dim))
 
     def _commit_vectors(self, kind: str, ids: list[int], vecs: np.ndarray) -> list[int]:
-        return [self.store.put_vector(kind, i, self.embedder.name, v.astype(np.float32).tobytes())
-                for i, v in zip(ids, vecs)]
+        """Write vectors (inside the caller's transaction); return their labels.
+
+        Labels these replace are queued and dropped from the index by
+        :meth:`_index`, after the commit."""
+        labels = []
+        for item_id, vec in zip(ids, vecs):
+            label, old = self.store.put_vector(
+                kind, item_id, self.embedder.name, vec.astype(np.float32).tobytes())
+            labels.append(label)
+            if old is not None:
+                self._replaced.append((kind, old))
+        return labels
+
+    def _index(self, kind: str, labels: list[int], vecs: np.ndarray) -> None:
+        """After a commit: add new vectors, drop the ones they replaced."""
+        self.index.add(kind, labels, vecs)
+        while self._replaced:
+            old_kind, old = self._replaced.pop()
+            self.index.remove(old_kind, old)
 
     def add_turns(self, turns: Sequence[TurnIn], writer: str = "transcript") -> list[int]:
-        """Append turns; the ones whose source is memory are embedded and indexed."""
+        """Append turns; the ones whose source is memory are embedded and indexed.
+
+        All or nothing: one bad row rolls back the whole batch."""
         remembered = [self.profiles.for_source(t.source).remembered for t in turns]
         vecs = self._embed([turn_document(t) for t, keep in zip(turns, remembered) if keep])
         ids: list[int] = []
         with self.store.transaction():
-            ids = [self.transcript.append(t, writer) for t in turns]
+            ids = [self.transcript.append(t, writer, memory=keep)
+                   for t, keep in zip(turns, remembered)]
             kept_ids = [i for i, keep in zip(ids, remembered) if keep]
             labels = self._commit_vectors("turn", kept_ids, vecs)
-        self.index.add("turn", labels, vecs)
+        self._index("turn", labels, vecs)
         return ids
 
     def add_turn(self, turn: TurnIn, writer: str = "transcript") -> int:
@@ -111,12 +132,14 @@ class Memory:
         with self.store.transaction():
             episode_id = self.episodes.add(episode, writer)
             labels = self._commit_vectors("episode", [episode_id], vecs)
-        self.index.add("episode", labels, vecs)
+        self._index("episode", labels, vecs)
         for child in episode.children:
             self._unindex("episode", child)
         return episode_id
 
     def add_fact(self, fact: FactIn, writer: str = "graph") -> tuple[int, Resolution]:
+        if not self.profiles.for_source(fact.source).facts:
+            raise MutedSource(f"source {fact.source!r} does not feed facts")
         vecs = self._embed([f"{fact.subject} {fact.key}: {fact.value}"])
         with self.store.transaction():
             fact_id, decision = self.graph.add(fact, writer)
@@ -124,7 +147,7 @@ class Memory:
             if decision.action in ("insert", "supersede"):
                 labels = self._commit_vectors("fact", [fact_id], vecs)
         if labels:
-            self.index.add("fact", labels, vecs)
+            self._index("fact", labels, vecs)
         return fact_id, decision
 
     def _unindex(self, kind: str, item_id: int) -> None:
@@ -161,13 +184,12 @@ class Memory:
             chunk = stale[start:start + batch]
             texts = [self._document_of(r["kind"], r["item_id"]) for r in chunk]
             vecs = self._embed(texts)
-            with self.store.transaction():
-                for r, v in zip(chunk, vecs):
-                    self.store.conn.execute(
-                        "DELETE FROM vectors WHERE id = ?", (r["id"],))
-                    label = self.store.put_vector(r["kind"], r["item_id"], self.embedder.name,
-                                                  v.astype(np.float32).tobytes())
-                    self.index.add(r["kind"], [label], v.reshape(1, -1))
+            for kind in {r["kind"] for r in chunk}:
+                rows = [(r, v) for r, v in zip(chunk, vecs) if r["kind"] == kind]
+                with self.store.transaction():
+                    labels = self._commit_vectors(
+                        kind, [r["item_id"] for r, _ in rows], np.stack([v for _, v in rows]))
+                self._index(kind, labels, np.stack([v for _, v in rows]))
             done += len(chunk)
             if progress:
                 progress(done, len(stale))

@@ -33,7 +33,8 @@ MIGRATIONS: list[tuple[str, str]] = [
             accuracy_m  REAL,
             place       TEXT,
             external_id TEXT,
-            citations   TEXT NOT NULL DEFAULT '[]'
+            citations   TEXT NOT NULL DEFAULT '[]',
+            memory      INTEGER NOT NULL DEFAULT 0  -- its source's profile made it memory
         );
         CREATE INDEX transcript_channel_time ON transcript (channel, created_at, id);
 
@@ -133,7 +134,7 @@ MIGRATIONS: list[tuple[str, str]] = [
         """
         -- One embedding per memory item; the row id is the hnswlib label.
         CREATE TABLE vectors (
-            id      INTEGER PRIMARY KEY,
+            id      INTEGER PRIMARY KEY AUTOINCREMENT,  -- labels are never reused
             kind    TEXT NOT NULL CHECK (kind IN ('turn', 'episode', 'fact')),
             item_id INTEGER NOT NULL,
             model   TEXT NOT NULL,
@@ -192,10 +193,12 @@ MIGRATIONS: list[tuple[str, str]] = [
             INSERT INTO episodes_fts (rowid, gist) VALUES (new.id, new.gist);
         END;
         CREATE TRIGGER episodes_fts_ad AFTER DELETE ON episodes BEGIN
-            INSERT INTO episodes_fts (episodes_fts, rowid, gist) VALUES ('delete', old.id, old.gist);
+            INSERT INTO episodes_fts (episodes_fts, rowid, gist)
+            VALUES ('delete', old.id, old.gist);
         END;
         CREATE TRIGGER episodes_fts_au AFTER UPDATE OF gist ON episodes BEGIN
-            INSERT INTO episodes_fts (episodes_fts, rowid, gist) VALUES ('delete', old.id, old.gist);
+            INSERT INTO episodes_fts (episodes_fts, rowid, gist)
+            VALUES ('delete', old.id, old.gist);
             INSERT INTO episodes_fts (rowid, gist) VALUES (new.id, new.gist);
         END;
 

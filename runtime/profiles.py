@@ -8,9 +8,9 @@ fully muted, so a new channel writes no memory until it is opted in.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -59,7 +59,7 @@ class MemoryProfiles:
         )
 
     @classmethod
-    def load(cls, path: Path) -> "MemoryProfiles":
+    def load(cls, path: Path) -> MemoryProfiles:
         data = read_toml(path)
         sources = data.get("sources")
         if not isinstance(sources, dict):

@@ -16,9 +16,10 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Iterable
+from datetime import UTC, datetime
+from typing import Any
 
 import numpy as np
 
@@ -28,13 +29,19 @@ from runtime.decay import episode_weight, fact_weight, recency_weight
 from runtime.embedder import Embedder
 from runtime.fact_kinds import FactKinds
 from runtime.fts import MAX_QUERY_CHARS, match_expression
-from runtime.profiles import MemoryProfiles
 from runtime.store import Row, Store
 from runtime.vector_index import KINDS, VectorIndex
 
 log = logging.getLogger(__name__)
 
 Key = tuple[str, int]
+
+# (kind, FTS table, content table, what makes a row recallable)
+_FTS_SOURCES = (
+    ("turn", "transcript_fts", "transcript", "transcript.memory = 1"),
+    ("episode", "episodes_fts", "episodes", "episodes.tombstoned_at IS NULL"),
+    ("fact", "facts_fts", "facts", "facts.disabled = 0"),
+)
 
 # Default salience of a raw transcript row (episodes carry their own, 1-10).
 TURN_SALIENCE = 5
@@ -91,7 +98,7 @@ class RecallResult:
 
 
 def _date(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=timezone.utc).strftime("%Y-%m-%d")
+    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d")
 
 
 @dataclass
@@ -113,7 +120,6 @@ class Recaller:
         store: Store,
         index: VectorIndex,
         embedder: Embedder,
-        profiles: MemoryProfiles,
         kinds: FactKinds,
         settings: RecallSettings,
         clock: Clock,
@@ -121,7 +127,6 @@ class Recaller:
         self.store = store
         self.index = index
         self.embedder = embedder
-        self.profiles = profiles
         self.kinds = kinds
         self.settings = settings
         self.clock = clock
@@ -137,11 +142,11 @@ class Recaller:
     ) -> RecallResult:
         started = time.perf_counter()
         now = self.clock.now() if now is None else now
-        max_items = max_items or self.settings.max_items
-        max_tokens = max_tokens or self.settings.max_tokens
+        max_items = self.settings.max_items if max_items is None else max_items
+        max_tokens = self.settings.max_tokens if max_tokens is None else max_tokens
         query = query[:MAX_QUERY_CHARS]
         result = RecallResult(query=query)
-        if query.strip():
+        if query.strip() and max_items > 0 and max_tokens > 0:
             try:
                 qvec = self.embedder.embed([query])[0]
                 cands = self._hybrid(query, qvec, now)
@@ -178,10 +183,11 @@ class Recaller:
             return {}
         k = self.settings.candidates
         found: dict[Key, float] = {}
-        for kind, table in (("turn", "transcript_fts"), ("episode", "episodes_fts"),
-                            ("fact", "facts_fts")):
+        for kind, table, source, live in _FTS_SOURCES:
             hits = list(self.store.conn.execute(
-                f"SELECT rowid, -bm25({table}) FROM {table} WHERE {table} MATCH ?"
+                f"SELECT {table}.rowid, -bm25({table}) FROM {table}"
+                f" JOIN {source} ON {source}.id = {table}.rowid"
+                f" WHERE {table} MATCH ? AND {live}"
                 f" ORDER BY bm25({table}) LIMIT ?", (expr, k)))
             if not hits:
                 continue
@@ -198,9 +204,8 @@ class Recaller:
         for kind, ids in by_kind.items():
             marks = ",".join("?" for _ in ids)
             if kind == "turn":
-                for row in self.store.rows(f"SELECT * FROM transcript WHERE id IN ({marks})", ids):
-                    if not self.profiles.for_source(row["source"]).remembered:
-                        continue
+                for row in self.store.rows(
+                        f"SELECT * FROM transcript WHERE id IN ({marks}) AND memory = 1", ids):
                     out[(kind, row["id"])] = _Candidate(
                         kind, row["id"], row,
                         weight=recency_weight(row["created_at"], now, TURN_TAU_DAYS),

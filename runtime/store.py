@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 import apsw
 
@@ -33,7 +34,7 @@ Row = dict[str, Any]
 WRITABLE: dict[str, frozenset[str]] = {
     "transcript": frozenset(
         "channel source role speaker content created_at lat lon accuracy_m place "
-        "external_id citations".split()
+        "external_id citations memory".split()
     ),
     "compactions": frozenset("channel summary watermark created_at".split()),
     "tool_calls": frozenset("transcript_id name arguments result created_at".split()),
@@ -80,7 +81,7 @@ class Store:
     def close(self) -> None:
         self.conn.close()
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -183,16 +184,20 @@ class Store:
 
     # -- vectors (derived data: not in the write log) ----------------------
 
-    def put_vector(self, kind: str, item_id: int, model: str, vec: bytes) -> int:
+    def put_vector(self, kind: str, item_id: int, model: str, vec: bytes) -> tuple[int, int | None]:
+        """Store an item's vector under a fresh label; return (label, replaced label).
+
+        Labels are never reused (AUTOINCREMENT), so an index cache that missed a
+        delete can never answer with another item's vector."""
+        old = self.scalar(
+            "SELECT id FROM vectors WHERE kind = ? AND item_id = ?", (kind, item_id))
+        if old is not None:
+            self.conn.execute("DELETE FROM vectors WHERE id = ?", (old,))
         self.conn.execute(
-            "INSERT INTO vectors (kind, item_id, model, vec) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (kind, item_id) DO UPDATE SET model = excluded.model,"
-            " vec = excluded.vec",
+            "INSERT INTO vectors (kind, item_id, model, vec) VALUES (?, ?, ?, ?)",
             (kind, item_id, model, vec),
         )
-        return int(self.scalar(
-            "SELECT id FROM vectors WHERE kind = ? AND item_id = ?", (kind, item_id)
-        ))
+        return self.conn.last_insert_rowid(), old
 
     # -- fact kinds -------------------------------------------------------
 

@@ -30,7 +30,7 @@ class Location(BaseModel):
 
     lat: float = Field(ge=-90.0, le=90.0)
     lon: float = Field(ge=-180.0, le=180.0)
-    accuracy_m: float | None = Field(default=None, ge=0.0)
+    accuracy_m: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
     place: str | None = Field(default=None, max_length=200)
 
 
@@ -44,7 +44,7 @@ class TurnIn(BaseModel):
     role: Role = "user"
     content: str = Field(max_length=MAX_TURN_CHARS)
     speaker: str | None = Field(default=None, max_length=200)
-    created_at: float | None = None
+    created_at: float | None = Field(default=None, allow_inf_nan=False)
     location: Location | None = None
     external_id: str | None = Field(default=None, max_length=200)
 
@@ -60,7 +60,9 @@ class TranscriptService:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def append(self, turn: TurnIn, writer: str = WRITER) -> int:
+    def append(self, turn: TurnIn, writer: str = WRITER, memory: bool = False) -> int:
+        """Append one turn. ``memory`` marks it as memory (recallable); the
+        caller decides from the source's profile."""
         loc = turn.location
         return self.store.insert(writer, "transcript", {
             "channel": turn.channel,
@@ -74,6 +76,7 @@ class TranscriptService:
             "accuracy_m": loc.accuracy_m if loc else None,
             "place": loc.place if loc else None,
             "external_id": turn.external_id,
+            "memory": int(memory),
         })
 
     def get(self, turn_id: int) -> Row | None:

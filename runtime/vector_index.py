@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import hnswlib
 import numpy as np
@@ -40,7 +40,7 @@ class _KindIndex:
         self.max_label = 0
 
     @classmethod
-    def load(cls, path: Path, dim: int, max_label: int) -> "_KindIndex":
+    def load(cls, path: Path, dim: int, max_label: int) -> _KindIndex:
         self = cls.__new__(cls)
         self.dim = dim
         self.index = hnswlib.Index(space="ip", dim=dim)
@@ -65,7 +65,15 @@ class _KindIndex:
             return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
         k = min(k, count)
         self.index.set_ef(max(2 * k, 64))
-        labels, dists = self.index.knn_query(vec.reshape(1, -1), k=k)
+        while True:
+            try:
+                labels, dists = self.index.knn_query(vec.reshape(1, -1), k=k)
+                break
+            except RuntimeError:
+                # fewer than k live elements (the count includes deleted ones)
+                if k <= 1:
+                    return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
+                k //= 2
         return labels[0].astype(np.int64), (1.0 - dists[0]).astype(np.float32)
 
     def remove(self, label: int) -> None:

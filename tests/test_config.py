@@ -36,7 +36,7 @@ def test_unknown_field_is_named(tmp_path: Path) -> None:
 def test_broken_toml_names_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "broken.toml"
     bad.write_text("[store\nfile = ")
-    with pytest.raises(ConfigError, match="broken.toml: not valid TOML"):
+    with pytest.raises(ConfigError, match=r"broken\.toml: not valid TOML"):
         load_settings(bad, env={})
 
 

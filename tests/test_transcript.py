@@ -25,12 +25,12 @@ def store(tmp_path: Path) -> Store:
 @pytest.mark.parametrize("bad", [
     {"content": ""}, {"content": "   \n"}, {"content": "x" * (MAX_TURN_CHARS + 1)},
     {"channel": ""}, {"role": "wizard"}, {"location": {"lat": 91, "lon": 0}},
-    {"colour": "blue"},
+    {"colour": "blue"}, {"created_at": float("nan")}, {"created_at": float("inf")},
 ])
 def test_bad_turns_are_refused_with_the_field_named(bad: dict[str, object]) -> None:
     with pytest.raises(ValidationError) as err:
         TurnIn(**{"channel": "c", "source": "user", "content": "hi", **bad})
-    assert list(bad)[0] in str(err.value)
+    assert next(iter(bad)) in str(err.value)
 
 
 def test_append_uses_clock_and_location(store: Store) -> None:

@@ -32,7 +32,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +61,7 @@ _DIA = re.compile(r"^D(\d+):(\d+)$")
 def parse_session_time(text: str) -> float:
     """'1:56 pm on 8 May, 2023' -> epoch seconds (UTC)."""
     dt = datetime.strptime(text.strip(), "%I:%M %p on %d %B, %Y")
-    return dt.replace(tzinfo=timezone.utc).timestamp()
+    return dt.replace(tzinfo=UTC).timestamp()
 
 
 def turn_text(turn: dict[str, Any]) -> str:
@@ -145,7 +145,9 @@ class Baselines:
         return sorted(fused, key=lambda t: (-fused[t], t))
 
 
-def ingest(memory: Memory, clock: ManualClock, conv: dict[str, Any]) -> tuple[dict[int, str], float]:
+def ingest(
+    memory: Memory, clock: ManualClock, conv: dict[str, Any]
+) -> tuple[dict[int, str], float]:
     """Write every turn through the runtime API; return transcript id -> dia_id, last time."""
     c = conv["conversation"]
     sessions = sorted(

@@ -1,0 +1,494 @@
+"""Recall (turn zero) against the real store, the real MiniLM model and real hnswlib.
+
+Every test writes through :class:`runtime.memory.Memory` and reads back through
+``Memory.recall``. The vector path is only ever broken by real means: switching
+the index off, or swapping in an embedder whose ``embed`` raises.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
+
+from runtime.clock import DAY, ManualClock
+from runtime.config import Settings
+from runtime.embedder import Embedder
+from runtime.episodes import EpisodeIn
+from runtime.facts import FactIn
+from runtime.fts import match_expression
+from runtime.memory import Memory
+from runtime.recall import RecallResult
+from runtime.transcript import TurnIn
+from runtime.vector_index import KINDS
+
+
+def read_only(max_examples: int) -> hsettings:
+    """Recall is read-only, so hypothesis may reuse one seeded ``memory`` per test."""
+    return hsettings(max_examples=max_examples, deadline=None, database=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def turn(content: str, channel: str = "living-room", source: str = "user",
+         **kw: object) -> TurnIn:
+    return TurnIn(channel=channel, source=source, content=content, **kw)  # type: ignore[arg-type]
+
+
+class BrokenEmbedder:
+    """Fault injection: an embedder whose model cannot run."""
+
+    def __init__(self, like: Embedder) -> None:
+        self.name, self.dim = like.name, like.dim
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        raise RuntimeError("onnx session lost")
+
+
+def break_vector_path(memory: Memory, how: str) -> None:
+    if how == "index-off":
+        memory.index.available = False
+    else:
+        memory.recaller.embedder = BrokenEmbedder(memory.embedder)
+
+
+HOUSEHOLD = {
+    "sister": "My sister Ana lives in Porto.",
+    "cat": "Our cat is named Miso.",
+    "allergy": "I have a severe peanut allergy.",
+    "trip": "We're planning a trip to Japan next April.",
+    "job": "I work as a nurse at the city hospital.",
+    "band": "My favourite band is Radiohead.",
+    "boiler": "The boiler was serviced last week by a plumber.",
+    "piano": "My son Leo starts piano lessons on Thursdays.",
+    "italian": "I'm learning to speak Italian on weekends.",
+    "car": "Our car is a blue Volvo estate.",
+}
+
+
+def seed_household(memory: Memory, clock: ManualClock) -> dict[str, int]:
+    ids: dict[str, int] = {}
+    for name, text in HOUSEHOLD.items():
+        clock.advance(60)
+        ids[name] = memory.add_turn(turn(text))
+    return ids
+
+
+def seed_soups(memory: Memory, n: int = 60) -> list[int]:
+    """``n`` similar turns that are all relevant to a question about soup."""
+    dishes = ["lentil", "tomato", "pumpkin", "mushroom", "carrot", "onion", "pea", "leek",
+              "potato", "bean", "chickpea", "miso", "noodle", "chicken", "fish", "corn",
+              "squash", "barley", "spinach", "kale"]
+    verdicts = ["great", "okay", "a bit salty"]
+    return memory.add_turns([
+        turn(f"On day {i} I cooked a {dishes[i % len(dishes)]} soup for dinner"
+             f" and it turned out {verdicts[i % 3]}.", channel="kitchen")
+        for i in range(n)
+    ])
+
+
+# -- relevance --------------------------------------------------------------
+
+@pytest.mark.parametrize(("want", "query"), [
+    ("sister", "Where does my sister live?"),
+    ("sister", "tell me about my sibling's home town"),
+    ("cat", "What is the name of our cat?"),
+    ("cat", "what's my pet called"),
+    ("allergy", "What food am I allergic to?"),
+    ("allergy", "Can I eat peanut butter?"),
+    ("trip", "Where are we travelling next spring?"),
+    ("trip", "vacation in Tokyo"),
+    ("job", "where do I work"),
+    ("band", "what music do I like"),
+    ("boiler", "when was the heating last checked"),
+    ("piano", "what day is my son's music class"),
+    ("italian", "which language am I studying"),
+    ("car", "what colour is our vehicle"),
+])
+def test_relevant_turn_ranks_first(memory: Memory, clock: ManualClock,
+                                   want: str, query: str) -> None:
+    ids = seed_household(memory, clock)
+    result = memory.recall(query)
+    assert not result.degraded
+    assert result.items, f"nothing recalled for {query!r}"
+    assert result.items[0].ref == f"turn:{ids[want]}", result.refs
+    assert result.items[0].text.endswith(HOUSEHOLD[want])
+
+
+@pytest.mark.parametrize("query", [
+    "quantum chromodynamics and gauge symmetry",
+    "capital gains tax law deductions",
+    "explain the Krebs cycle in mitochondria",
+    "who won the 1994 world cup",
+])
+def test_unrelated_query_recalls_nothing(memory: Memory, clock: ManualClock, query: str) -> None:
+    """The score floor drops weak candidates instead of padding to a count."""
+    seed_household(memory, clock)
+    result = memory.recall(query)
+    assert not result.degraded
+    assert result.items == []
+
+
+def test_recall_crosses_channels(memory: Memory, clock: ManualClock) -> None:
+    """Recall has no channel argument: a kitchen turn answers a living-room question."""
+    seed_household(memory, clock)
+    kitchen = memory.add_turn(turn("The spare house key is hidden under the blue flowerpot.",
+                                   channel="kitchen"))
+    result = memory.recall("where did we hide the spare key?")
+    assert result.items and result.items[0].ref == f"turn:{kitchen}"
+    assert result.items[0].channel == "kitchen"
+
+
+# -- per-source memory profiles ----------------------------------------------
+
+MUTED_TEXT = "The zeppelin rental invoice number is 4471 for the Thursday airship tour."
+
+
+@pytest.mark.parametrize("source", ["delegate:search", "scheduled", "weather-station"])
+@pytest.mark.parametrize("path", ["hybrid", "index-off"])
+def test_muted_source_is_kept_but_never_recalled(memory: Memory, clock: ManualClock,
+                                                 source: str, path: str) -> None:
+    """With the index off, only the profile filter keeps the turn out: it matches
+    the keywords better than anything else."""
+    seed_household(memory, clock)
+    muted = memory.add_turn(turn(MUTED_TEXT, source=source))
+    remembered = memory.add_turn(turn("We booked a zeppelin airship tour for Thursday."))
+
+    # In the transcript (source of truth) but not embedded.
+    row = memory.transcript.get(muted)
+    assert row is not None and row["content"] == MUTED_TEXT and row["source"] == source
+    assert memory.store.scalar(
+        "SELECT count(*) FROM vectors WHERE kind = 'turn' AND item_id = ?", (muted,)) == 0
+    assert memory.counts()["vectors"] == len(HOUSEHOLD) + 1
+
+    if path == "index-off":
+        break_vector_path(memory, path)
+    for query in (MUTED_TEXT, "zeppelin rental invoice 4471", "airship tour"):
+        result = memory.recall(query)
+        assert result.degraded == (path == "index-off")
+        assert f"turn:{muted}" not in result.refs
+        assert muted not in result.cited_turns()
+    # ...while the same words from a remembered source are found.
+    assert f"turn:{remembered}" in memory.recall("zeppelin airship tour").refs
+
+
+# -- budget -----------------------------------------------------------------
+
+SOUP_QUERY = "what soups have I cooked for dinner"
+
+
+def test_budget_caps_items(memory: Memory) -> None:
+    seed_soups(memory)
+    # The budget is what binds here, not the score floor.
+    unbounded = memory.recall(SOUP_QUERY, max_items=1000, max_tokens=1_000_000)
+    assert len(unbounded.items) > 20
+    assert len(memory.recall(SOUP_QUERY).items) == memory.settings.recall.max_items == 20
+    assert len(memory.recall(SOUP_QUERY, max_items=7).items) == 7
+
+
+def test_budget_caps_tokens(memory: Memory) -> None:
+    seed_soups(memory)
+    result = memory.recall(SOUP_QUERY, max_tokens=60)
+    assert 0 < len(result.items) < 20
+    assert result.tokens == sum(i.tokens for i in result.items) <= 60
+
+
+@pytest.mark.parametrize("budget", [{"max_items": 0}, {"max_tokens": 0}])
+def test_zero_budget_recalls_nothing(memory: Memory, budget: dict[str, int]) -> None:
+    seed_soups(memory)
+    assert memory.recall(SOUP_QUERY, **budget).items == []
+
+
+@read_only(max_examples=25)
+@given(max_items=st.integers(1, 40), max_tokens=st.integers(10, 800))
+def test_budget_property(memory: Memory, max_items: int, max_tokens: int) -> None:
+    if memory.counts()["transcript"] == 0:
+        seed_soups(memory)
+    result = memory.recall(SOUP_QUERY, max_items=max_items, max_tokens=max_tokens)
+    assert len(result.items) <= max_items
+    assert sum(i.tokens for i in result.items) <= max_tokens
+    # the budget only cuts: what is left keeps the unbounded ranking's order
+    full = memory.recall(SOUP_QUERY, max_items=1000, max_tokens=1_000_000).refs
+    assert [r for r in full if r in set(result.refs)] == result.refs
+    if not result.items:
+        assert memory.recall(SOUP_QUERY, max_items=1).items[0].tokens > max_tokens
+
+
+# -- hostile queries ----------------------------------------------------------
+
+HOSTILE = [
+    '"', '""', "'", 'say "hello', 'soup" OR "x', "NEAR(soup dinner)", "soup NEAR dinner",
+    "NEAR/2", "*", "soup*", "AND", "soup AND", "OR OR OR", "NOT soup", "soup NOT kale",
+    "content:soup", "speaker:Ana", "{content speaker}:soup", "transcript_fts:soup",
+    "((soup)", "soup)", "(", ")", "^soup", "soup + dinner", "-soup", "x" * 100_000,
+    "\x00soup\x07", "\x00\x01\x1b[31m", "\u202esoup", "Ünïcödé wörds", "col:umn:: ::",
+    "a\nb\tc", "%", "_", "'; DROP TABLE transcript;--", "🙂 soup",
+]
+
+
+@pytest.mark.parametrize("query", HOSTILE, ids=lambda q: repr(q[:24]))
+def test_hostile_query_is_plain_text(memory: Memory, query: str) -> None:
+    """No FTS5 error: it would surface as a degraded result (or an exception)."""
+    seed_soups(memory, 10)
+    result = memory.recall(query)
+    assert not result.degraded, result.reason
+    assert len(result.items) <= 20
+
+
+@pytest.mark.parametrize("query", ["", " ", "   \t\n  ", "\n"])
+def test_empty_query_recalls_nothing(memory: Memory, query: str) -> None:
+    seed_soups(memory, 10)
+    result = memory.recall(query)
+    assert result.items == [] and not result.degraded
+
+
+@pytest.mark.parametrize("query", ["sou*", "soup NOT dinner", "NEAR(soup kale, 0)"])
+def test_operators_are_not_applied_in_keyword_search(memory: Memory, query: str) -> None:
+    """With only the keyword path left, FTS5 operators would show in the result:
+    a prefix ``sou*`` would match every soup, ``NOT dinner`` would exclude them."""
+    ids = seed_soups(memory, 10)
+    memory.index.available = False
+    refs = memory.recall(query).refs
+    if query == "sou*":
+        assert refs == []  # "sou" is not a word of any turn
+    else:
+        assert f"turn:{ids[0]}" in refs  # "soup ... for dinner" matches as plain words
+
+
+@read_only(max_examples=50)
+@given(text=st.text(max_size=400))
+def test_any_text_is_a_safe_query(memory: Memory, text: str) -> None:
+    if memory.counts()["transcript"] == 0:
+        seed_soups(memory, 10)
+    result = memory.recall(text)
+    assert not result.degraded, result.reason
+    assert len(result.items) <= 20
+    if not text.strip():
+        assert result.items == []
+
+
+# -- degraded fallback --------------------------------------------------------
+
+@pytest.mark.parametrize("how", ["index-off", "embedder-raises"])
+def test_fallback_is_keyword_only_and_bounded(memory: Memory, how: str) -> None:
+    ids = seed_soups(memory)
+    break_vector_path(memory, how)
+    first = memory.recall("miso soup", max_items=100)
+    assert first.degraded and first.reason
+    assert 0 < len(first.items) <= memory.settings.recall.fallback_items == 20
+    # keyword matches only: every item is an FTS5 hit for the query's words
+    expr = match_expression("miso soup")
+    hits = {r[0] for r in memory.store.conn.execute(
+        "SELECT rowid FROM transcript_fts WHERE transcript_fts MATCH ?", (expr,))}
+    assert {i.item_id for i in first.items} <= hits
+    # the exact-word match ranks first
+    assert "miso" in first.items[0].text
+    # deterministic, ties broken by kind then id
+    second = memory.recall("miso soup", max_items=100)
+    assert second.refs == first.refs
+    order = [(-i.score, KINDS.index(i.kind), i.item_id) for i in first.items]
+    assert order == sorted(order)
+    assert set(ids) >= {i.item_id for i in first.items}
+
+
+@pytest.mark.parametrize("how", ["index-off", "embedder-raises"])
+def test_fallback_never_returns_everything(memory: Memory, clock: ManualClock,
+                                           how: str) -> None:
+    seed_household(memory, clock)
+    seed_soups(memory)
+    break_vector_path(memory, how)
+    # Paraphrases with no shared keyword, stop words only, and unrelated words.
+    for query in ("what's my pet called", "what is it that we did", "quantum chromodynamics"):
+        result = memory.recall(query)
+        assert result.degraded
+        assert result.items == [], (query, result.refs)
+
+
+def test_fallback_items_setting_is_the_cap(make_settings: Callable[..., Settings],
+                                          clock: ManualClock, embedder: Embedder) -> None:
+    with Memory(make_settings(recall={"fallback_items": 5}), clock=clock,
+                embedder=embedder) as memory:
+        seed_soups(memory)
+        assert len(memory.recall(SOUP_QUERY).items) == 20
+        memory.index.available = False
+        result = memory.recall(SOUP_QUERY, max_items=50)
+        assert result.degraded and len(result.items) == 5
+
+
+def test_fallback_is_not_crowded_out_by_muted_rows(memory: Memory) -> None:
+    mine = memory.add_turn(turn("I remember walking in the rain in Porto with my grandfather."))
+    memory.add_turns([turn(f"Rain in Porto, search result {i}.", channel="search",
+                           source="delegate:search") for i in range(80)])
+    assert memory.recall("rain in Porto").refs == [f"turn:{mine}"]
+    memory.index.available = False
+    result = memory.recall("rain in Porto")
+    assert result.degraded
+    assert result.refs == [f"turn:{mine}"]
+
+
+# -- episodes and facts -------------------------------------------------------
+
+def seed_beach_day(memory: Memory) -> dict[str, int]:
+    ids = {
+        "castle": memory.add_turn(turn("On Saturday we drove to the coast and the kids built"
+                                       " a huge sandcastle.")),
+        "crab": memory.add_turn(turn("Leo found a crab under a rock near the lighthouse.")),
+        "pancakes": memory.add_turn(turn("Leo says pancakes with blueberries are his"
+                                         " favourite breakfast.", channel="kitchen")),
+    }
+    ids["episode"] = memory.add_episode(EpisodeIn(
+        channel="living-room", source="user", salience=7,
+        gist="A Saturday trip to the seaside: a big sandcastle and a crab by the lighthouse.",
+        cites=[ids["castle"], ids["crab"]]))
+    ids["fact"], resolution = memory.add_fact(FactIn(
+        kind="user_specific", subject="Leo", key="favourite_breakfast",
+        value="pancakes with blueberries", provenance=[f"turn:{ids['pancakes']}"]))
+    assert resolution.action == "insert"
+    return ids
+
+
+def test_episode_is_recalled_with_its_cited_turns(memory: Memory, clock: ManualClock) -> None:
+    seed_household(memory, clock)
+    ids = seed_beach_day(memory)
+    result = memory.recall("what did we do at the beach?")
+    assert not result.degraded
+    episode = next(i for i in result.items if i.kind == "episode")
+    assert episode.ref == f"episode:{ids['episode']}"
+    assert episode.turns == (ids["castle"], ids["crab"])
+    assert {ids["castle"], ids["crab"]} <= set(result.cited_turns())
+    contents = [memory.transcript.get(t)["content"] for t in episode.turns]  # type: ignore[index]
+    assert "sandcastle" in contents[0] and "crab" in contents[1]
+
+
+def test_fact_is_recalled_with_its_provenance_turn(memory: Memory, clock: ManualClock) -> None:
+    seed_household(memory, clock)
+    ids = seed_beach_day(memory)
+    result = memory.recall("what does Leo like to eat in the morning?")
+    assert not result.degraded
+    fact = next(i for i in result.items if i.kind == "fact")
+    assert fact.ref == f"fact:{ids['fact']}"
+    assert "pancakes with blueberries" in fact.text
+    assert fact.turns == (ids["pancakes"],)
+    assert ids["pancakes"] in result.cited_turns()
+    row = memory.transcript.get(fact.turns[0])
+    assert row is not None and row["channel"] == "kitchen"
+
+
+def test_cited_turns_have_no_repeats(memory: Memory) -> None:
+    ids = seed_beach_day(memory)
+    memory.add_fact(FactIn(kind="place", subject="family", key="beach_landmark",
+                           value="the lighthouse where Leo found a crab",
+                           provenance=[f"turn:{ids['crab']}"]))
+    result = memory.recall("Leo and the crab at the lighthouse")
+    cited = result.cited_turns()
+    assert ids["crab"] in cited
+    assert len(cited) == len(set(cited))
+    assert sum(i.turns.count(ids["crab"]) for i in result.items) > 1  # cited more than once
+
+
+def test_disabled_fact_is_not_recalled(memory: Memory, clock: ManualClock) -> None:
+    seed_household(memory, clock)
+    fact_id, _ = memory.add_fact(FactIn(kind="user_specific", subject="Miso", key="vet",
+                                        value="Dr. Almeida on Rua Nova"))
+    query = "who is Miso's vet?"
+    assert f"fact:{fact_id}" in memory.recall(query).refs
+    memory.graph.disable(fact_id)
+    for q in (query, "Dr. Almeida Rua Nova"):
+        assert f"fact:{fact_id}" not in memory.recall(q).refs
+    memory.index.available = False
+    assert f"fact:{fact_id}" not in memory.recall("Dr. Almeida Rua Nova").refs
+    memory.index.available = True
+    memory.graph.enable(fact_id)
+    assert f"fact:{fact_id}" in memory.recall(query).refs
+
+
+def roll_up(memory: Memory) -> tuple[int, int]:
+    """A leaf episode, then a topic episode that rolls it up (tombstones it)."""
+    leaf = memory.add_episode(EpisodeIn(
+        channel="garden", source="user",
+        gist="We planted three apple trees and a row of raspberry canes in the back garden."))
+    topic = memory.add_episode(EpisodeIn(
+        channel="garden", source="user", level=1, children=[leaf],
+        gist="Spring gardening projects at home."))
+    return leaf, topic
+
+
+def test_tombstoned_episode_is_not_recalled(make_settings: Callable[..., Settings],
+                                            clock: ManualClock, embedder: Embedder) -> None:
+    settings = make_settings()
+    exact = "planted three apple trees and a row of raspberry canes"
+    with Memory(settings, clock=clock, embedder=embedder) as memory:
+        leaf, _ = roll_up(memory)
+        assert memory.episodes.get(leaf)["tombstoned_at"] is not None  # type: ignore[index]
+        for q in (exact, "which fruit trees did we plant?"):
+            assert f"episode:{leaf}" not in memory.recall(q).refs
+    # Rebuilt from the database, the index holds the leaf's vector again as a
+    # live element: the database filter alone must keep it out.
+    shutil.rmtree(settings.store.resolved_dir / "index")
+    with Memory(settings, clock=clock, embedder=embedder) as memory:
+        for q in (exact, "which fruit trees did we plant?"):
+            result = memory.recall(q)
+            assert not result.degraded, result.reason
+            assert f"episode:{leaf}" not in result.refs
+
+
+def test_roll_up_does_not_degrade_recall(memory: Memory, clock: ManualClock) -> None:
+    seed_household(memory, clock)
+    roll_up(memory)
+    result = memory.recall("what is the name of our cat?")
+    assert not result.degraded, result.reason
+
+
+def test_superseded_fact_is_kept_but_current_one_is_recalled(memory: Memory,
+                                                             clock: ManualClock) -> None:
+    old, _ = memory.add_fact(FactIn(kind="place", subject="Ana", key="lives_in", value="Porto"))
+    clock.advance(DAY)
+    new, resolution = memory.add_fact(FactIn(kind="place", subject="Ana", key="lives_in",
+                                             value="Lisbon"))
+    assert resolution.action == "supersede" and resolution.existing_id == old
+    assert f"fact:{new}" in memory.recall("Where does Ana live?").refs
+
+
+@pytest.mark.parametrize("days_later", [
+    0,
+    30,
+])
+def test_superseded_fact_ranks_below_its_replacement(memory: Memory, clock: ManualClock,
+                                                     days_later: int) -> None:
+    old, _ = memory.add_fact(FactIn(kind="place", subject="Ana", key="lives_in", value="Porto"))
+    clock.advance(DAY)
+    new, _ = memory.add_fact(FactIn(kind="place", subject="Ana", key="lives_in",
+                                    value="Lisbon"))
+    clock.advance(days_later * DAY)
+    for query in ("Where does Ana live?", "Ana's home city"):
+        refs = memory.recall(query).refs
+        assert f"fact:{new}" in refs
+        if f"fact:{old}" in refs:
+            assert refs.index(f"fact:{new}") < refs.index(f"fact:{old}"), (query, refs)
+
+
+# -- recency --------------------------------------------------------------------
+
+@pytest.mark.parametrize("older_written_first", [True, False])
+def test_much_older_turn_does_not_outrank_newer(memory: Memory, clock: ManualClock,
+                                                older_written_first: bool) -> None:
+    """Two turns with the same words: only their age differs."""
+    text = "I'm thinking of repainting the hallway a dark green."
+    now = clock.now()
+    old_turn = turn(text, channel="hallway", created_at=now - 200 * DAY)
+    new_turn = turn(text, channel="bedroom", created_at=now)
+    if older_written_first:
+        old, new = memory.add_turn(old_turn), memory.add_turn(new_turn)
+    else:
+        new, old = memory.add_turn(new_turn), memory.add_turn(old_turn)
+    result: RecallResult = memory.recall("what colour will we paint the hallway?")
+    refs = result.refs
+    assert refs and refs[0] == f"turn:{new}", refs
+    by_ref = {i.ref: i for i in result.items}
+    if f"turn:{old}" in by_ref:
+        assert by_ref[f"turn:{old}"].relevance == pytest.approx(by_ref[f"turn:{new}"].relevance)
+        assert by_ref[f"turn:{old}"].score < by_ref[f"turn:{new}"].score
