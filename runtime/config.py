@@ -66,7 +66,7 @@ class RecallSettings(_Section):
     relative_floor: float = Field(default=0.45, ge=0.0, le=1.0)
     min_cosine: float = Field(default=0.30, ge=-1.0, le=1.0)
     weight_relevance: float = Field(default=1.0, ge=0.0)
-    weight_recency: float = Field(default=0.15, ge=0.0)
+    weight_recency: float = Field(default=0.05, ge=0.0)
     weight_salience: float = Field(default=0.10, ge=0.0)
     context_turns: int = Field(default=1, ge=0, le=5)
     fallback_items: int = Field(default=20, ge=1, le=200)

@@ -28,7 +28,7 @@ from runtime.config import RecallSettings
 from runtime.decay import episode_weight, fact_weight, recency_weight
 from runtime.embedder import Embedder
 from runtime.fact_kinds import FactKinds
-from runtime.fts import MAX_QUERY_CHARS, match_expression
+from runtime.fts import MAX_QUERY_CHARS, match_expression, query_terms
 from runtime.store import Row, Store
 from runtime.vector_index import KINDS, VectorIndex
 
@@ -46,9 +46,11 @@ _FTS_SOURCES = (
 # Default salience of a raw transcript row (episodes carry their own, 1-10).
 TURN_SALIENCE = 5
 # Share of a neighbouring turn's relevance a turn borrows.
-NEIGHBOUR_SHARE = 0.35
+NEIGHBOUR_SHARE = 0.5
 # Weight of the keyword score beside cosine similarity in relevance.
-LEXICAL_WEIGHT = 0.30
+LEXICAL_WEIGHT = 0.5
+# Added to a turn's relevance when the query names its speaker.
+SPEAKER_BONUS = 0.1
 # Raw turns age on the leaf time constant.
 TURN_TAU_DAYS = 14.0
 
@@ -290,6 +292,7 @@ class Recaller:
         for key, vec in self._vectors(missing).items():
             dense[key] = float(vec @ qvec)
         gate = self.settings.min_cosine
+        named = set(query_terms(query))
         kept: dict[Key, _Candidate] = {}
         for key, cand in cands.items():
             cand.cosine = dense.get(key, 0.0)
@@ -298,6 +301,9 @@ class Recaller:
             if cand.cosine < gate and not lexical_gate:
                 continue
             cand.relevance = cand.cosine + LEXICAL_WEIGHT * cand.lexical
+            speaker = cand.row.get("speaker") if cand.kind == "turn" else None
+            if speaker and named.intersection(query_terms(speaker)):
+                cand.relevance += SPEAKER_BONUS
             kept[key] = cand
         self._neighbour_cosines(kept, qvec)
         return list(kept.values())
