@@ -72,6 +72,31 @@ class RecallSettings(_Section):
     fallback_items: int = Field(default=20, ge=1, le=200)
 
 
+class ProviderSettings(_Section):
+    """One OpenAI-compatible chat-completions endpoint (Ollama, llama.cpp, vLLM, OpenAI)."""
+
+    name: str = Field(min_length=1)
+    base_url: str = Field(pattern=r"^https?://")
+    model: str = Field(min_length=1)
+    # The NAME of the environment variable holding the API key; never the key itself.
+    api_key_env: str | None = None
+    timeout_s: float = Field(default=30.0, gt=0, le=600)
+
+
+class LLMSettings(_Section):
+    providers: list[ProviderSettings] = Field(default_factory=list)
+    offline_fallback: bool = True
+    max_tokens: int = Field(default=512, ge=1, le=32768)
+    temperature: float = Field(default=0.7, ge=0.0, le=2.0)
+
+
+class PersonaSettings(_Section):
+    # Global bootstrap files (AGENTS.md, SOUL.md, USER.md, IDENTITY.md, RULES.md);
+    # files in the project directory take priority over these.
+    global_dir: Path = Path("~/.config/reverie")
+    project_dir: Path | None = None
+
+
 class MemorySettings(_Section):
     profiles_file: Path = CONFIG_DIR / "profiles.toml"
     fact_kinds_file: Path = CONFIG_DIR / "fact_kinds.toml"
@@ -82,6 +107,8 @@ class Settings(_Section):
     embedder: EmbedderSettings = EmbedderSettings()
     recall: RecallSettings = RecallSettings()
     memory: MemorySettings = MemorySettings()
+    llm: LLMSettings = LLMSettings()
+    persona: PersonaSettings = PersonaSettings()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @model_validator(mode="after")

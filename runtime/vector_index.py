@@ -38,15 +38,17 @@ class _KindIndex:
         self.index.init_index(max_elements=capacity, ef_construction=200, M=16)
         self.index.set_num_threads(1)
         self.max_label = 0
+        self.deleted = 0
 
     @classmethod
-    def load(cls, path: Path, dim: int, max_label: int) -> _KindIndex:
+    def load(cls, path: Path, dim: int, max_label: int, deleted: int) -> _KindIndex:
         self = cls.__new__(cls)
         self.dim = dim
         self.index = hnswlib.Index(space="ip", dim=dim)
         self.index.load_index(str(path), allow_replace_deleted=False)
         self.index.set_num_threads(1)
         self.max_label = max_label
+        self.deleted = deleted
         return self
 
     def add(self, labels: np.ndarray, vecs: np.ndarray) -> None:
@@ -79,8 +81,9 @@ class _KindIndex:
     def remove(self, label: int) -> None:
         try:
             self.index.mark_deleted(label)
+            self.deleted += 1
         except RuntimeError:
-            pass  # not present: nothing to remove
+            pass  # not present, or already removed
 
 
 class VectorIndex:
@@ -107,7 +110,8 @@ class VectorIndex:
             try:
                 meta = json.loads(meta_path.read_text())
                 if meta.get("model") == self.model and meta.get("dim") == self.dim:
-                    idx = _KindIndex.load(data_path, self.dim, int(meta["max_label"]))
+                    idx = _KindIndex.load(data_path, self.dim, int(meta["max_label"]),
+                                          int(meta.get("deleted", 0)))
                 else:
                     log.info("index %s built for another model; rebuilding", kind)
             except Exception as exc:  # unreadable cache: rebuild from the database
@@ -154,7 +158,7 @@ class VectorIndex:
             meta_tmp = meta_path.with_suffix(".json.tmp")
             meta_tmp.write_text(json.dumps(
                 {"model": self.model, "dim": self.dim, "max_label": idx.max_label,
-                 "count": idx.index.get_current_count()}
+                 "count": idx.index.get_current_count(), "deleted": idx.deleted}
             ))
             os.replace(meta_tmp, meta_path)
 
@@ -167,7 +171,9 @@ class VectorIndex:
         self._kinds[kind].remove(label)
 
     def count(self, kind: str) -> int:
-        return int(self._kinds[kind].index.get_current_count())
+        """Live vectors in the index (removed ones not counted)."""
+        idx = self._kinds[kind]
+        return int(idx.index.get_current_count()) - idx.deleted
 
     def search(self, kind: str, vec: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         if not self.available:

@@ -272,3 +272,27 @@ def test_add_turns_is_all_or_nothing(memory: Memory) -> None:
     ok = memory.add_turns(batch[:2])
     assert memory.index.count("turn") == memory.counts()["vectors"] == 1
     assert memory.recall("where is the wifi password?").refs[:1] == [f"turn:{ok[0]}"]
+
+
+def test_rows_committed_without_vectors_are_embedded_on_open(open_memory: OpenMemory) -> None:
+    """A crash after a turn's commit but before its embedding: the next open embeds it."""
+    memory = open_memory()
+    row_id = memory.transcript.append(
+        TurnIn(channel="hall", source="user", content="The spare key is under the blue pot."),
+        memory=True)
+    assert memory.counts()["vectors"] == 0
+    del memory  # no close(), no sync: as if killed here
+    with open_memory() as reopened:
+        assert reopened.counts()["vectors"] == 1
+        assert reopened.recall("where is the spare key?").refs[:1] == [f"turn:{row_id}"]
+
+
+def test_embedder_model_change_reembeds_everything(open_memory: OpenMemory,
+                                                   embedder: Embedder) -> None:
+    with open_memory() as memory:
+        add(memory, FIRST)
+        memory.store.conn.execute("UPDATE vectors SET model = 'old-model/v0'")
+    with open_memory() as memory:
+        models = {r[0] for r in memory.store.conn.execute("SELECT DISTINCT model FROM vectors")}
+        assert models == {embedder.name}
+        assert_index_matches_database(memory)
