@@ -97,6 +97,35 @@ class PersonaSettings(_Section):
     project_dir: Path | None = None
 
 
+class RuntimeSettings(_Section):
+    """The actor runtime: one local Ray node by default."""
+
+    namespace: str = Field(default="reverie", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    num_cpus: int | None = Field(default=None, ge=1)
+    object_store_mb: int = Field(default=128, ge=64)
+    dashboard: bool = True
+    dashboard_host: str = "127.0.0.1"
+    dashboard_port: int = Field(default=8265, ge=0, le=65535)
+    max_restarts: int = Field(default=-1, ge=-1)
+    max_pending_calls: int = Field(default=1000, ge=1)
+    history_turns: int = Field(default=8, ge=0, le=100)
+
+
+class ChannelSettings(_Section):
+    """A conversation channel. ``seed``: turn-zero recall runs on its user turns;
+    ``background``: no user is present (jobs), never seeded."""
+
+    seed: bool = True
+    background: bool = False
+
+
+def _default_channels() -> dict[str, ChannelSettings]:
+    return {
+        "chat": ChannelSettings(), "voice": ChannelSettings(), "cli": ChannelSettings(),
+        "dmn": ChannelSettings(seed=False, background=True),
+    }
+
+
 class MemorySettings(_Section):
     profiles_file: Path = CONFIG_DIR / "profiles.toml"
     fact_kinds_file: Path = CONFIG_DIR / "fact_kinds.toml"
@@ -108,6 +137,8 @@ class Settings(_Section):
     recall: RecallSettings = RecallSettings()
     memory: MemorySettings = MemorySettings()
     llm: LLMSettings = LLMSettings()
+    runtime: RuntimeSettings = RuntimeSettings()
+    channels: dict[str, ChannelSettings] = Field(default_factory=_default_channels)
     persona: PersonaSettings = PersonaSettings()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 

@@ -221,6 +221,15 @@ MIGRATIONS: list[tuple[str, str]] = [
         END;
         """,
     ),
+    (
+        "0006_turn_request_ids",
+        """
+        -- A caller-chosen id per turn: a retried append returns the first row.
+        ALTER TABLE transcript ADD COLUMN request_id TEXT;
+        CREATE UNIQUE INDEX transcript_request ON transcript (request_id)
+            WHERE request_id IS NOT NULL;
+        """,
+    ),
 ]
 
 

@@ -34,7 +34,7 @@ Row = dict[str, Any]
 WRITABLE: dict[str, frozenset[str]] = {
     "transcript": frozenset(
         "channel source role speaker content created_at lat lon accuracy_m place "
-        "external_id citations memory".split()
+        "external_id citations memory request_id".split()
     ),
     "compactions": frozenset("channel summary watermark created_at".split()),
     "tool_calls": frozenset("transcript_id name arguments result created_at".split()),

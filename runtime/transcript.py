@@ -47,6 +47,8 @@ class TurnIn(BaseModel):
     created_at: float | None = Field(default=None, allow_inf_nan=False)
     location: Location | None = None
     external_id: str | None = Field(default=None, max_length=200)
+    # Makes the append idempotent: a retry with the same id returns the first row.
+    request_id: str | None = Field(default=None, min_length=1, max_length=100)
 
     @field_validator("content")
     @classmethod
@@ -64,6 +66,11 @@ class TranscriptService:
         """Append one turn. ``memory`` marks it as memory (recallable); the
         caller decides from the source's profile."""
         loc = turn.location
+        if turn.request_id is not None:
+            existing = self.store.scalar(
+                "SELECT id FROM transcript WHERE request_id = ?", (turn.request_id,))
+            if existing is not None:
+                return int(existing)
         return self.store.insert(writer, "transcript", {
             "channel": turn.channel,
             "source": turn.source,
@@ -77,6 +84,7 @@ class TranscriptService:
             "place": loc.place if loc else None,
             "external_id": turn.external_id,
             "memory": int(memory),
+            "request_id": turn.request_id,
         })
 
     def get(self, turn_id: int) -> Row | None:

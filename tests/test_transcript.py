@@ -84,3 +84,12 @@ def test_roll_up_tombstones_children(store: Store) -> None:
     assert isinstance(clock, ManualClock)
     clock.advance(31 * 86400)
     assert e.purge_tombstones() == 3
+
+
+def test_request_id_makes_append_idempotent(store: Store) -> None:
+    t = TranscriptService(store)
+    first = t.append(TurnIn(channel="c", source="user", content="hi", request_id="r-1"))
+    again = t.append(TurnIn(channel="c", source="user", content="hi", request_id="r-1"))
+    other = t.append(TurnIn(channel="c", source="user", content="hi", request_id="r-2"))
+    assert first == again != other
+    assert store.scalar("SELECT count(*) FROM transcript") == 2

@@ -1,0 +1,120 @@
+"""What every actor shares: names, options, settings, errors, logging."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+from pydantic import ValidationError
+
+from runtime.clock import Clock, SystemClock
+from runtime.config import Settings
+from runtime.fact_kinds import FactKinds
+from runtime.profiles import MemoryProfiles
+from runtime.store import Store
+
+log = logging.getLogger(__name__)
+
+TRANSCRIPT = "transcript"
+EMBEDDER = "embedder"
+RECALL = "recall"
+EPISODES = "episodes"
+GRAPH = "graph"
+TURNS = "turns"
+SUPERVISOR = "supervisor"
+ACTORS = (EMBEDDER, TRANSCRIPT, RECALL, EPISODES, GRAPH, TURNS)
+
+
+class BadRequest(ValueError):
+    """The request itself is wrong (empty text, unknown channel, too large...).
+
+    Raised inside an actor it reaches the caller as the cause of a
+    ``ray.exceptions.RayTaskError``; :func:`unwrap` gets it back."""
+
+
+def bad_request(exc: ValidationError | ValueError) -> BadRequest:
+    if isinstance(exc, ValidationError):
+        parts = []
+        for err in exc.errors():
+            field = ".".join(str(p) for p in err["loc"]) or "request"
+            parts.append(f"{field}: {err['msg']}")
+        return BadRequest("; ".join(parts))
+    return BadRequest(str(exc))
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The original exception behind a Ray task error, if there is one."""
+    cause = getattr(exc, "cause", None)
+    return cause if isinstance(cause, BaseException) else exc
+
+
+def setup_logging(settings: Settings, actor: str) -> None:
+    logging.basicConfig(level=settings.log_level,
+                        format=f"%(asctime)s %(levelname)s [{actor}] %(name)s: %(message)s")
+
+
+def open_store(settings: Settings, clock: Clock | None = None) -> Store:
+    kinds = FactKinds.load(settings.memory.fact_kinds_file)
+    return Store(settings.store.path, kinds, settings.store.busy_timeout_ms,
+                 clock or SystemClock())
+
+
+def load_profiles(settings: Settings) -> MemoryProfiles:
+    return MemoryProfiles.load(settings.memory.profiles_file)
+
+
+def actor(name: str, namespace: str) -> Any:
+    """A handle to a running named actor."""
+    return ray.get_actor(name, namespace=namespace)
+
+
+class Notifier:
+    """Fire-and-forget notifications with at most one in flight.
+
+    A writer tells Recall "there is something new to index" after each commit;
+    while one notification is still pending, further ones are coalesced, so a
+    burst of writes never piles thousands of calls on the Recall actor."""
+
+    def __init__(self, namespace: str, target: str, method: str) -> None:
+        self.namespace = namespace
+        self.target = target
+        self.method = method
+        self._pending: Any = None
+        self._again = False
+
+    def __call__(self, *args: Any) -> None:
+        if self._pending is not None:
+            ready, _ = ray.wait([self._pending], timeout=0)
+            if not ready:
+                self._again = True
+                return
+            self._collect()
+        self._send(*args)
+
+    def _collect(self) -> None:
+        try:
+            ray.get(self._pending, timeout=0)
+        except Exception as exc:  # logged, never raised: the next sync catches up
+            log.warning("%s.%s notification failed: %s", self.target, self.method, exc)
+        self._pending = None
+
+    def _send(self, *args: Any) -> None:
+        try:
+            handle = actor(self.target, self.namespace)
+            self._pending = getattr(handle, self.method).remote(*args)
+        except Exception as exc:
+            log.warning("cannot notify %s: %s", self.target, exc)
+            self._pending = None
+        self._again = False
+
+    def flush(self, timeout: float = 30.0) -> None:
+        """Wait for the pending notification; send the coalesced one if any."""
+        if self._pending is not None:
+            ray.wait([self._pending], timeout=timeout)
+            self._collect()
+        if self._again:
+            self._send()
+            if self._pending is not None:
+                ray.wait([self._pending], timeout=timeout)
+                self._collect()

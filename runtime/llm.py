@@ -1,0 +1,442 @@
+"""Language-model providers: OpenAI-compatible endpoints, an offline fallback, a chain.
+
+Every provider answers one :class:`LLMRequest` with one :class:`Completion` or
+raises :class:`LLMError`, whose ``kind`` says what went wrong (timeout, HTTP
+status, malformed response, refused or dropped connection).
+
+* :class:`OpenAICompatibleProvider` speaks ``POST {base_url}/chat/completions``
+  (Ollama, llama.cpp server, vLLM, OpenAI) over the standard library's HTTP
+  client. The API key is read from the environment variable *named* in the
+  settings at each call, sent only as a bearer header, and never logged or put
+  in an error message (response excerpts are scrubbed of it).
+* :class:`OfflineProvider` is the built-in provider used when no endpoint is
+  configured or all of them fail: deterministic, no network, lower quality.
+* :class:`FallbackChain` tries providers in order and keeps a visible
+  :attr:`~FallbackChain.notice` after two consecutive failures.
+
+:func:`make_llm` builds the chain from :class:`~runtime.config.LLMSettings`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import logging
+import os
+import threading
+import urllib.error
+import urllib.request
+from enum import StrEnum
+from typing import Any, Literal, Protocol, runtime_checkable
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from runtime.config import ConfigError, LLMSettings, ProviderSettings
+
+log = logging.getLogger(__name__)
+
+# A chat completion is small; anything beyond this is not a reply we can use.
+MAX_RESPONSE_BYTES = 4 * 1024 * 1024
+# How much of an error body goes into an exception message.
+BODY_EXCERPT_CHARS = 200
+# Consecutive failed calls after which FallbackChain.notice is shown.
+NOTICE_AFTER_FAILURES = 2
+
+
+# --------------------------------------------------------------------------- messages
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class LLMRequest(BaseModel):
+    """One chat request. ``memories`` are the recalled memory texts already
+    injected into ``messages`` (most relevant first); only the offline provider
+    reads them. ``None`` for ``max_tokens``/``temperature`` means the configured
+    default."""
+
+    model_config = ConfigDict(frozen=True)
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    memories: list[str] = Field(default_factory=list)
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+
+
+class Completion(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    text: str
+    provider: str
+    model: str
+    finish_reason: str | None = None
+    usage: dict[str, int] | None = None
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class LLMErrorKind(StrEnum):
+    TIMEOUT = "timeout"                        # connect or read took longer than timeout_s
+    HTTP_STATUS = "http_status"                # the endpoint answered with a non-2xx status
+    MALFORMED = "malformed"                    # 2xx, but not a usable chat completion
+    CONNECTION_REFUSED = "connection_refused"  # nothing listening at base_url
+    CONNECTION = "connection"                  # dropped, reset, TLS or name-resolution failure
+    ALL_FAILED = "all_failed"                  # every provider of a chain failed
+
+
+class LLMError(RuntimeError):
+    """A provider could not produce a completion. ``kind`` says why; ``status``
+    is the HTTP status for :attr:`LLMErrorKind.HTTP_STATUS`."""
+
+    def __init__(self, provider: str, kind: LLMErrorKind, detail: str,
+                 status: int | None = None) -> None:
+        super().__init__(f"{provider}: {kind}: {detail}")
+        self.provider = provider
+        self.kind = kind
+        self.detail = detail
+        self.status = status
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Errors cross process boundaries (Ray actors): rebuild from the fields.
+        return (type(self), (self.provider, self.kind, self.detail, self.status))
+
+
+class AllProvidersFailed(LLMError):
+    """Every provider of a :class:`FallbackChain` failed; ``errors`` holds each
+    provider's error, in the order they were tried."""
+
+    def __init__(self, chain: str, errors: list[LLMError]) -> None:
+        summary = "; ".join(str(e) for e in errors)
+        super().__init__(chain, LLMErrorKind.ALL_FAILED,
+                         f"all {len(errors)} providers failed: {summary}")
+        self.errors = list(errors)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.provider, self.errors))
+
+
+# --------------------------------------------------------------------------- protocol
+
+
+@runtime_checkable
+class LLMProvider(Protocol):
+    name: str
+    model: str
+
+    def complete(self, request: LLMRequest) -> Completion: ...
+
+
+# --------------------------------------------------------------------------- HTTP
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A POST must not be silently re-sent elsewhere (or turned into a GET):
+    a redirect surfaces as an HTTP status error."""
+
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str,
+                         headers: Any, newurl: str) -> urllib.request.Request | None:
+        return None
+
+
+def _one_line(text: str, limit: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+class OpenAICompatibleProvider:
+    """An OpenAI-compatible chat-completions endpoint.
+
+    ``timeout_s`` bounds the connection and each read of the response. Proxies
+    come from the usual environment variables; redirects are not followed.
+    """
+
+    def __init__(self, settings: ProviderSettings, default_max_tokens: int,
+                 default_temperature: float) -> None:
+        self.name = settings.name
+        self.model = settings.model
+        self.base_url = settings.base_url.rstrip("/")
+        self.url = f"{self.base_url}/chat/completions"
+        parts = urlsplit(self.url)
+        if not parts.hostname:
+            raise ConfigError(f"llm.providers: {settings.name}: base_url has no host: "
+                              f"{settings.base_url!r}")
+        self._where = parts.netloc.rpartition("@")[2]  # host[:port], never user info
+        self._api_key_env = settings.api_key_env or None
+        self._timeout_s = settings.timeout_s
+        self._default_max_tokens = default_max_tokens
+        self._default_temperature = default_temperature
+
+    def __repr__(self) -> str:
+        return (f"OpenAICompatibleProvider(name={self.name!r}, url={self.url!r}, "
+                f"model={self.model!r})")
+
+    def _api_key(self) -> str | None:
+        if not self._api_key_env:
+            return None
+        return os.environ.get(self._api_key_env) or None
+
+    def _error(self, kind: LLMErrorKind, detail: str, key: str | None,
+               status: int | None = None) -> LLMError:
+        if key:
+            detail = detail.replace(key, "[redacted]")
+        return LLMError(self.name, kind, detail, status)
+
+    def complete(self, request: LLMRequest) -> Completion:
+        body = {
+            "model": self.model,
+            "messages": [m.model_dump() for m in request.messages],
+            "max_tokens": (request.max_tokens if request.max_tokens is not None
+                           else self._default_max_tokens),
+            "temperature": (request.temperature if request.temperature is not None
+                            else self._default_temperature),
+            "stream": False,
+        }
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        key = self._api_key()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        req = urllib.request.Request(self.url, data=json.dumps(body).encode("utf-8"),
+                                     headers=headers, method="POST")
+        log.debug("llm %s: POST %s model=%s messages=%d", self.name, self.url, self.model,
+                  len(request.messages))
+        raw = self._post(req, key)
+        return self._parse(raw, key)
+
+    def _post(self, req: urllib.request.Request, key: str | None) -> bytes:
+        opener = urllib.request.build_opener(_NoRedirect())
+        try:
+            with opener.open(req, timeout=self._timeout_s) as resp:
+                raw: bytes = resp.read(MAX_RESPONSE_BYTES + 1)
+        except urllib.error.HTTPError as exc:
+            try:
+                excerpt = exc.read(4096).decode("utf-8", "replace")
+            except (OSError, http.client.HTTPException):
+                excerpt = ""
+            finally:
+                exc.close()
+            excerpt = _one_line(excerpt, BODY_EXCERPT_CHARS) if excerpt.strip() else "(empty body)"
+            raise self._error(LLMErrorKind.HTTP_STATUS, f"HTTP {exc.code} from {self._where}: "
+                              f"{excerpt}", key, status=exc.code) from None
+        except urllib.error.URLError as exc:
+            raise self._network_error(exc.reason, key) from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise self._network_error(exc, key) from None
+        if len(raw) > MAX_RESPONSE_BYTES:
+            raise self._error(LLMErrorKind.MALFORMED,
+                              f"response larger than {MAX_RESPONSE_BYTES} bytes", key)
+        return raw
+
+    def _network_error(self, reason: object, key: str | None) -> LLMError:
+        if isinstance(reason, TimeoutError):
+            return self._error(LLMErrorKind.TIMEOUT, f"no answer from {self._where} within "
+                               f"{self._timeout_s:g} s", key)
+        if isinstance(reason, ConnectionRefusedError):
+            return self._error(LLMErrorKind.CONNECTION_REFUSED,
+                               f"connection refused by {self._where}", key)
+        if isinstance(reason, http.client.RemoteDisconnected):
+            return self._error(LLMErrorKind.CONNECTION,
+                               f"{self._where} closed the connection without a response", key)
+        what = type(reason).__name__ if isinstance(reason, BaseException) else "error"
+        return self._error(LLMErrorKind.CONNECTION, f"{what} talking to {self._where}: "
+                           f"{_one_line(str(reason), BODY_EXCERPT_CHARS)}", key)
+
+    def _parse(self, raw: bytes, key: str | None) -> Completion:
+        def bad(why: str) -> LLMError:
+            return self._error(LLMErrorKind.MALFORMED, why, key)
+
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError):
+            excerpt = _one_line(raw[:BODY_EXCERPT_CHARS * 2].decode("utf-8", "replace"),
+                                BODY_EXCERPT_CHARS)
+            raise bad(f"response is not JSON: {excerpt or '(empty body)'}") from None
+        if not isinstance(data, dict):
+            raise bad(f"response is a JSON {type(data).__name__}, not an object")
+        choices = data.get("choices")
+        if not isinstance(choices, list):
+            raise bad("response has no 'choices' list")
+        if not choices:
+            raise bad("response has an empty 'choices' list")
+        choice = choices[0]
+        message = choice.get("message") if isinstance(choice, dict) else None
+        if not isinstance(message, dict):
+            raise bad("choices[0] has no 'message' object")
+        content = message.get("content")
+        if not isinstance(content, str):
+            got = "missing" if "content" not in message else type(content).__name__
+            raise bad(f"choices[0].message.content is not a string ({got})")
+        finish = choice.get("finish_reason")
+        usage = data.get("usage")
+        model = data.get("model")
+        completion = Completion(
+            text=content,
+            provider=self.name,
+            model=model if isinstance(model, str) and model else self.model,
+            finish_reason=finish if isinstance(finish, str) else None,
+            usage=({k: v for k, v in usage.items()
+                    if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)}
+                   if isinstance(usage, dict) else None),
+        )
+        log.debug("llm %s: %d chars, finish_reason=%s", self.name, len(content),
+                  completion.finish_reason)
+        return completion
+
+
+# --------------------------------------------------------------------------- offline
+
+_MEMORY_CHARS = 300
+
+
+class OfflineProvider:
+    """The built-in offline provider: lower quality, never blocking.
+
+    No network and no model: it answers from ``request.memories`` alone, so
+    memory keeps working with no endpoint configured or while every endpoint
+    is down. With memories it replies "From what I remember: " followed by the
+    first one or two (recall hands them over most relevant first), each
+    trimmed to a sentence-sized length; with none it says, in a fixed line,
+    that no language model is available and nothing relevant is remembered.
+    It never repeats the user's words. Same request, same reply; it never
+    raises :class:`LLMError`.
+    """
+
+    name = "offline"
+    model = "offline-extractive"
+    #: Marks a last-resort provider: FallbackChain does not count its answers
+    #: as the language model working.
+    last_resort = True
+
+    NO_MEMORY_REPLY = ("No language model is configured or reachable right now, "
+                       "and I don't remember anything relevant to that.")
+    MEMORY_PREFIX = "From what I remember: "
+    MAX_MEMORIES = 2
+
+    def complete(self, request: LLMRequest) -> Completion:
+        picked: list[str] = []
+        for memory in request.memories:
+            text = _one_line(memory, _MEMORY_CHARS)
+            if not text:
+                continue
+            if text[-1] not in ".!?…":
+                text += "."
+            picked.append(text)
+            if len(picked) == self.MAX_MEMORIES:
+                break
+        text = self.MEMORY_PREFIX + " ".join(picked) if picked else self.NO_MEMORY_REPLY
+        return Completion(text=text, provider=self.name, model=self.model,
+                          finish_reason="stop", usage=None)
+
+
+# --------------------------------------------------------------------------- chain
+
+
+class FallbackChain:
+    """Tries each provider in order and returns the first completion.
+
+    A provider's :class:`LLMError` is logged as a warning and the next one is
+    tried; when all fail, :class:`AllProvidersFailed` lists every error.
+
+    A call *fails* when no real language model answered: every provider failed,
+    or only a last-resort provider (:class:`OfflineProvider`) did, after at least
+    one real provider was tried. ``consecutive_failures`` counts such calls and
+    resets when a real provider answers; from two on, :attr:`notice` is a short
+    line to show the user. A chain holding only the offline provider has
+    nothing to fail and never shows a notice.
+    """
+
+    def __init__(self, providers: list[LLMProvider]) -> None:
+        if not providers:
+            raise ValueError("FallbackChain needs at least one provider")
+        self.providers = list(providers)
+        self.name = "fallback(" + ", ".join(p.name for p in self.providers) + ")"
+        self.model = self.providers[0].model
+        self.consecutive_failures = 0
+        self.last_errors: list[LLMError] = []
+        self._answered_offline = False
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"FallbackChain({self.providers!r})"
+
+    @property
+    def notice(self) -> str | None:
+        with self._lock:
+            failures = self.consecutive_failures
+            errors = list(self.last_errors)
+            offline = self._answered_offline
+        if failures < NOTICE_AFTER_FAILURES:
+            return None
+        causes = ", ".join(f"{e.provider} {e.kind}" + (f" {e.status}" if e.status else "")
+                           for e in errors)
+        tail = "answering from memory only" if offline else "no answers available"
+        return (f"memory: language model failing ({failures} consecutive failures: "
+                f"{causes}); {tail}")
+
+    def complete(self, request: LLMRequest) -> Completion:
+        errors: list[LLMError] = []
+        for provider in self.providers:
+            try:
+                completion = provider.complete(request)
+            except LLMError as exc:
+                log.warning("llm provider %s failed (%s): %s", provider.name, exc.kind,
+                            exc.detail)
+                errors.append(exc)
+                continue
+            if not getattr(provider, "last_resort", False):
+                self._succeeded()
+            elif errors:
+                self._failed(errors, answered_offline=True)
+            return completion
+        self._failed(errors, answered_offline=False)
+        raise AllProvidersFailed(self.name, errors)
+
+    def _succeeded(self) -> None:
+        with self._lock:
+            recovered = self.consecutive_failures >= NOTICE_AFTER_FAILURES
+            self.consecutive_failures = 0
+            self.last_errors = []
+            self._answered_offline = False
+        if recovered:
+            log.warning("llm: language model answering again")
+
+    def _failed(self, errors: list[LLMError], answered_offline: bool) -> None:
+        with self._lock:
+            self.consecutive_failures += 1
+            self.last_errors = list(errors)
+            self._answered_offline = answered_offline
+            failures = self.consecutive_failures
+        if failures == NOTICE_AFTER_FAILURES:
+            log.error("llm: %d consecutive failures of every language model (%s)", failures,
+                      ", ".join(f"{e.provider} {e.kind}" for e in errors))
+
+
+# --------------------------------------------------------------------------- factory
+
+
+def make_llm(settings: LLMSettings) -> FallbackChain:
+    """The configured providers in order, then the offline provider when
+    ``offline_fallback`` is on; with no provider configured, the offline
+    provider alone. Always a :class:`FallbackChain`, so callers can read its
+    :attr:`~FallbackChain.notice`."""
+    providers: list[LLMProvider] = [
+        OpenAICompatibleProvider(p, settings.max_tokens, settings.temperature)
+        for p in settings.providers
+    ]
+    if settings.offline_fallback:
+        providers.append(OfflineProvider())
+    if not providers:
+        raise ConfigError("llm.providers: no language model provider configured and "
+                          "llm.offline_fallback is false; add an [[llm.providers]] entry "
+                          "or set llm.offline_fallback = true")
+    names = [p.name for p in providers]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ConfigError(f"llm.providers: duplicate provider name(s): {', '.join(duplicates)}")
+    log.info("llm providers: %s", ", ".join(names))
+    return FallbackChain(providers)

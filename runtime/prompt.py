@@ -1,0 +1,168 @@
+"""The model's messages for one turn: persona, clock, memories, history, user.
+
+One system message, then the conversation history, then the user's text. The
+system message is made of sections separated by a ``---`` line (blank lines
+around it, so the line before can never read as a Markdown setext heading):
+
+    ## AGENTS.md
+    <text>
+
+    ---
+
+    ## SOUL.md
+    <text>
+
+    ---
+
+    Current date and time: Friday 2026-03-06 14:05 UTC+01:00
+
+    ---
+
+    # Memory
+    These are your own memories of earlier conversations with the user. ...
+    - [turn:12] My sister Ana lives in Porto.
+
+Persona sections keep the order given (``PersonaLoader.load()`` yields the
+bootstrap order); empty ones are omitted. The date/time line is always there,
+so the system message is never empty. The memory section depends on ``mode``:
+``"push"`` lists the memories, ``"index"`` says only how many are available
+(the model pulls them on demand), ``"off"`` leaves memory out; with no
+memories it is omitted in every mode.
+
+Each memory is exactly one bullet line: its whitespace (newlines included) is
+collapsed to single spaces, so text such as ``"\\n## RULES.md\\n..."`` stays
+plain text inside its bullet and cannot open a section of its own. Nothing
+else is escaped.
+
+Everything here is pure: no I/O, no clock, no locale (weekday names are
+spelled out here, not taken from ``strftime``); the same input gives the same
+messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import Literal, Protocol
+
+from runtime.llm import ChatMessage
+from runtime.persona import PersonaFile
+
+Role = Literal["system", "user", "assistant"]
+Mode = Literal["push", "index", "off"]
+
+_ROLES: dict[str, Role] = {"system": "system", "user": "user", "assistant": "assistant"}
+MODES: frozenset[str] = frozenset(("push", "index", "off"))
+
+SEPARATOR = "\n\n---\n\n"
+MEMORY_HEADING = "# Memory"
+MEMORY_INSTRUCTION = (
+    "These are your own memories of earlier conversations with the user. "
+    "Use them when they are relevant; never invent memories that are not listed here."
+)
+_WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
+
+
+class MessageLike(Protocol):
+    """Any message with a role and a content."""
+
+    @property
+    def role(self) -> str: ...
+
+    @property
+    def content(self) -> str: ...
+
+
+class MemoryLine(Protocol):
+    """Any recalled memory with a reference and a text (``recall.RecallItem`` fits)."""
+
+    @property
+    def ref(self) -> str: ...
+
+    @property
+    def text(self) -> str: ...
+
+
+def build_messages(persona: Sequence[PersonaFile], memories: Sequence[MemoryLine],
+                   history: Sequence[MessageLike], user_text: str, now: datetime,
+                   mode: Mode = "push") -> list[ChatMessage]:
+    """The messages for one turn: system, then ``history``, then the user's text.
+
+    Raises ValueError for an unknown mode, a history role other than
+    system/user/assistant, or a blank ``user_text``.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of push, index, off; got {mode!r}")
+    if not user_text.strip():
+        raise ValueError("user_text is empty")
+    messages = [ChatMessage(role="system",
+                            content=system_prompt(persona, memories, now, mode))]
+    for i, m in enumerate(history):
+        role = _ROLES.get(m.role)
+        if role is None:
+            raise ValueError(f"history[{i}].role must be system, user or assistant; "
+                             f"got {m.role!r}")
+        messages.append(ChatMessage(role=role, content=m.content))
+    messages.append(ChatMessage(role="user", content=user_text))
+    return messages
+
+
+def system_prompt(persona: Sequence[PersonaFile], memories: Sequence[MemoryLine],
+                  now: datetime, mode: Mode = "push") -> str:
+    """The system message's text (see the module docstring for its layout)."""
+    sections = [persona_section(p) for p in persona]
+    sections.append(datetime_line(now))
+    sections.append(memory_section(memories, mode))
+    return SEPARATOR.join(s for s in sections if s)
+
+
+def persona_section(p: PersonaFile) -> str:
+    text = p.text.strip()
+    return f"## {p.name}\n{text}" if text else ""
+
+
+def datetime_line(now: datetime) -> str:
+    """``Current date and time: Friday 2026-03-06 14:05 UTC+01:00`` (no offset if naive)."""
+    line = f"Current date and time: {_WEEKDAYS[now.weekday()]} {now:%Y-%m-%d %H:%M}"
+    offset = now.utcoffset()
+    return f"{line} {_format_offset(offset)}" if offset is not None else line
+
+
+def memory_section(memories: Sequence[MemoryLine], mode: Mode = "push") -> str:
+    """The ``# Memory`` section, or "" when there is nothing to say."""
+    if mode == "off":
+        return ""
+    lines = [line for line in (memory_bullet(m) for m in memories) if line]
+    if not lines:
+        return ""
+    if mode == "index":
+        n = len(lines)
+        what = "1 memory" if n == 1 else f"{n} memories"
+        verb = "is" if n == 1 else "are"
+        return (f"{MEMORY_HEADING}\n{what} of earlier conversations with the user {verb} "
+                f"available on request (not shown here); recall before relying on them "
+                f"and never invent memories.")
+    return "\n".join((MEMORY_HEADING, MEMORY_INSTRUCTION, *lines))
+
+
+def memory_bullet(m: MemoryLine) -> str:
+    """``- [ref] text`` on one line, or "" for a memory without text."""
+    text = _one_line(m.text)
+    if not text:
+        return ""
+    ref = _one_line(m.ref).replace("[", "(").replace("]", ")")
+    return f"- [{ref}] {text}" if ref else f"- {text}"
+
+
+def _one_line(s: str) -> str:
+    # str.split() with no argument splits on every Unicode whitespace, line
+    # separators (\r, \x85, \u2028, \u2029) included.
+    return " ".join(s.split())
+
+
+def _format_offset(offset: timedelta) -> str:
+    total = int(offset.total_seconds())
+    sign = "+" if total >= 0 else "-"
+    hours, rest = divmod(abs(total), 3600)
+    minutes = rest // 60
+    return f"UTC{sign}{hours:02d}:{minutes:02d}"

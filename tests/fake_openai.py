@@ -1,0 +1,220 @@
+"""A small, real OpenAI-compatible HTTP server for tests.
+
+``FakeOpenAI`` runs a :class:`http.server.ThreadingHTTPServer` on 127.0.0.1
+(port chosen by the OS) in a background thread. ``POST /v1/chat/completions``
+answers ``"echo: <last user message>"`` and every request is recorded (path,
+headers, JSON body). Set :attr:`FakeOpenAI.mode` to make it fail (see
+:class:`Mode`).
+
+Use it from any test module (``tests/`` is on ``sys.path`` under pytest)::
+
+    from fake_openai import FakeOpenAI, Mode, fake_openai_fixture  # noqa: F401
+
+    def test_something(fake_openai: FakeOpenAI) -> None:
+        fake_openai.mode = Mode.HTTP_500
+        ...
+
+or as a context manager: ``with FakeOpenAI() as server: server.base_url``.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from enum import StrEnum
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import TracebackType
+from typing import Any
+
+import pytest
+
+COMPLETIONS_PATH = "/v1/chat/completions"
+
+
+class Mode(StrEnum):
+    OK = "ok"                          # a well-formed completion: "echo: <last user message>"
+    HTTP_500 = "http_500"              # 500 with a JSON error body
+    HTTP_429 = "http_429"              # 429 rate limited, with Retry-After
+    HTTP_500_ECHO_AUTH = "http_500_echo_auth"  # 500 whose body repeats the Authorization header
+    SLOW = "slow"                      # waits slow_s before answering (> a client timeout)
+    MALFORMED_JSON = "malformed_json"  # 200 with a body that is not JSON
+    NO_CHOICES = "no_choices"          # 200, valid JSON without "choices"
+    EMPTY_CHOICES = "empty_choices"    # 200, "choices": []
+    NULL_CONTENT = "null_content"      # 200, choices[0].message.content is null
+    CLOSE = "close"                    # reads the request, closes the connection, sends nothing
+
+
+@dataclass(frozen=True)
+class RecordedRequest:
+    method: str
+    path: str
+    headers: dict[str, str]            # lower-cased names
+    body: Any                          # parsed JSON, or None when the body was not JSON
+    raw: bytes = field(repr=False)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    fake: FakeOpenAI
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client that timed out and hung up is expected here; stay quiet.
+        pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def _reply(self, status: int, payload: bytes, content_type: str = "application/json",
+               extra: dict[str, str] | None = None) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(payload)))
+        for name, value in (extra or {}).items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_GET(self) -> None:
+        self._reply(404, b'{"error": {"message": "not found"}}')
+
+    def do_POST(self) -> None:
+        fake = self.server.fake
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            body = None
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        fake._record(RecordedRequest(self.command, self.path, headers, body, raw))
+        if self.path != COMPLETIONS_PATH:
+            self._reply(404, b'{"error": {"message": "not found"}}')
+            return
+        mode = fake.mode
+        if mode is Mode.CLOSE:
+            self.close_connection = True
+            return
+        if mode is Mode.SLOW and fake._stopping.wait(fake.slow_s):
+            return  # server shutting down
+        if mode is Mode.HTTP_500:
+            self._reply(500, b'{"error": {"message": "internal server error"}}')
+        elif mode is Mode.HTTP_429:
+            self._reply(429, b'{"error": {"message": "rate limited, slow down"}}',
+                        extra={"Retry-After": "1"})
+        elif mode is Mode.HTTP_500_ECHO_AUTH:
+            echoed = json.dumps({"error": {"message": "bad request",
+                                           "authorization": headers.get("authorization")}})
+            self._reply(500, echoed.encode())
+        elif mode is Mode.MALFORMED_JSON:
+            self._reply(200, b'{"choices": [{"message": {"content": "trunc')
+        elif mode is Mode.NO_CHOICES:
+            self._reply(200, json.dumps({"id": "x", "object": "chat.completion"}).encode())
+        elif mode is Mode.EMPTY_CHOICES:
+            self._reply(200, json.dumps({"id": "x", "choices": []}).encode())
+        elif mode is Mode.NULL_CONTENT:
+            self._reply(200, json.dumps(_completion(body, None)).encode())
+        else:
+            self._reply(200, json.dumps(_completion(body, _echo(body))).encode())
+
+
+def _echo(body: Any) -> str:
+    last = ""
+    if isinstance(body, dict):
+        for message in body.get("messages") or []:
+            if isinstance(message, dict) and message.get("role") == "user":
+                last = str(message.get("content", ""))
+    return f"echo: {last}"
+
+
+def _completion(body: Any, content: str | None) -> dict[str, Any]:
+    model = body.get("model") if isinstance(body, dict) else None
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model or "fake-model",
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": content}}],
+        "usage": {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10,
+                  "completion_tokens_details": {"reasoning_tokens": 0}},
+    }
+
+
+class FakeOpenAI:
+    """A real HTTP server speaking the OpenAI chat-completions API on 127.0.0.1."""
+
+    def __init__(self, mode: Mode = Mode.OK, slow_s: float = 2.0) -> None:
+        self.mode = mode
+        self.slow_s = slow_s
+        self._requests: list[RecordedRequest] = []
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> FakeOpenAI:
+        server = _Server(("127.0.0.1", 0), _Handler)
+        server.fake = self
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever,
+                                        kwargs={"poll_interval": 0.05},
+                                        name="fake-openai", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stopping.set()  # wakes handlers waiting in SLOW mode
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            assert not self._thread.is_alive(), "fake OpenAI server did not stop"
+        self._server = None
+        self._thread = None
+
+    def __enter__(self) -> FakeOpenAI:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "server not started"
+        return int(self._server.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        """What goes in ``ProviderSettings.base_url``."""
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        with self._lock:
+            return list(self._requests)
+
+    @property
+    def last(self) -> RecordedRequest:
+        with self._lock:
+            assert self._requests, "no request received"
+            return self._requests[-1]
+
+    def _record(self, request: RecordedRequest) -> None:
+        with self._lock:
+            self._requests.append(request)
+
+
+@pytest.fixture(name="fake_openai")
+def fake_openai_fixture() -> Iterator[FakeOpenAI]:
+    """A started :class:`FakeOpenAI` in ``Mode.OK``, stopped after the test."""
+    with FakeOpenAI() as server:
+        yield server

@@ -1,0 +1,342 @@
+"""LLM providers over real HTTP against a fake OpenAI-compatible server."""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import socket
+import traceback
+from collections.abc import Iterator
+
+import pytest
+from fake_openai import FakeOpenAI, Mode, fake_openai_fixture  # noqa: F401
+
+from runtime.config import ConfigError, LLMSettings, ProviderSettings
+from runtime.llm import (
+    AllProvidersFailed,
+    ChatMessage,
+    Completion,
+    FallbackChain,
+    LLMError,
+    LLMErrorKind,
+    LLMProvider,
+    LLMRequest,
+    OfflineProvider,
+    OpenAICompatibleProvider,
+    make_llm,
+)
+
+KEY_ENV = "REVERIE_TEST_LLM_KEY"
+KEY = "sk-test-0123456789abcdefSECRET"
+
+REQUEST = LLMRequest(
+    messages=[
+        ChatMessage(role="system", content="You are a helpful home assistant."),
+        ChatMessage(role="user", content="Where does my sister live?"),
+    ],
+    memories=["Ana lives in Porto", "Ana works night shifts as a nurse.", "We have a cat."],
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy_and_quiet_logs(monkeypatch: pytest.MonkeyPatch,
+                             caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """The fake listens on 127.0.0.1: never route it through a proxy from the
+    environment. Capture everything runtime.llm logs, and check the key never
+    shows up in it."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY",
+                 "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    caplog.set_level(logging.DEBUG, logger="runtime.llm")
+    yield
+    assert KEY not in caplog.text
+
+
+def provider_settings(server: FakeOpenAI | str, name: str = "fake", *,
+                      key_env: str | None = None, timeout_s: float = 5.0) -> ProviderSettings:
+    base_url = server if isinstance(server, str) else server.base_url
+    return ProviderSettings(name=name, base_url=base_url, model="fake-llama",
+                            api_key_env=key_env, timeout_s=timeout_s)
+
+
+def http_provider(server: FakeOpenAI | str, name: str = "fake", *, key_env: str | None = None,
+                  timeout_s: float = 5.0) -> OpenAICompatibleProvider:
+    return OpenAICompatibleProvider(provider_settings(server, name, key_env=key_env,
+                                                      timeout_s=timeout_s),
+                                    default_max_tokens=128, default_temperature=0.2)
+
+
+def assert_no_key(exc: BaseException) -> None:
+    assert KEY not in str(exc)
+    assert KEY not in repr(exc)
+    assert KEY not in "".join(traceback.format_exception(exc))
+
+
+@pytest.fixture
+def refused_url() -> Iterator[str]:
+    """A base URL whose port is bound but not listening: connections are refused."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    finally:
+        sock.close()
+
+
+# --------------------------------------------------------------------------- success
+
+
+def test_success_sends_openai_body_and_parses_reply(fake_openai: FakeOpenAI) -> None:
+    provider = http_provider(fake_openai.base_url + "/")  # trailing slash is stripped
+    completion = provider.complete(REQUEST)
+
+    assert completion == Completion(text="echo: Where does my sister live?", provider="fake",
+                                    model="fake-llama", finish_reason="stop",
+                                    usage={"prompt_tokens": 7, "completion_tokens": 3,
+                                           "total_tokens": 10})
+    sent = fake_openai.last
+    assert sent.method == "POST"
+    assert sent.path == "/v1/chat/completions"
+    assert sent.headers["content-type"] == "application/json"
+    assert sent.body == {
+        "model": "fake-llama",
+        "messages": [
+            {"role": "system", "content": "You are a helpful home assistant."},
+            {"role": "user", "content": "Where does my sister live?"},
+        ],
+        "max_tokens": 128,
+        "temperature": 0.2,
+        "stream": False,
+    }
+    assert "authorization" not in sent.headers
+
+
+def test_request_overrides_defaults(fake_openai: FakeOpenAI) -> None:
+    request = REQUEST.model_copy(update={"max_tokens": 7, "temperature": 0.0})
+    http_provider(fake_openai).complete(request)
+    assert fake_openai.last.body["max_tokens"] == 7
+    assert fake_openai.last.body["temperature"] == 0.0
+
+
+def test_bearer_header_only_when_key_env_is_set(fake_openai: FakeOpenAI,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    provider = http_provider(fake_openai, key_env=KEY_ENV)
+
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    provider.complete(REQUEST)
+    assert "authorization" not in fake_openai.last.headers
+
+    monkeypatch.setenv(KEY_ENV, "")
+    provider.complete(REQUEST)
+    assert "authorization" not in fake_openai.last.headers
+
+    monkeypatch.setenv(KEY_ENV, KEY)  # read at call time, not at construction
+    provider.complete(REQUEST)
+    assert fake_openai.last.headers["authorization"] == f"Bearer {KEY}"
+    assert KEY not in repr(provider)
+
+
+# --------------------------------------------------------------------------- failures
+
+FAILURES = [
+    (Mode.HTTP_500, LLMErrorKind.HTTP_STATUS, "HTTP 500"),
+    (Mode.HTTP_429, LLMErrorKind.HTTP_STATUS, "rate limited"),
+    (Mode.MALFORMED_JSON, LLMErrorKind.MALFORMED, "not JSON"),
+    (Mode.NO_CHOICES, LLMErrorKind.MALFORMED, "no 'choices'"),
+    (Mode.EMPTY_CHOICES, LLMErrorKind.MALFORMED, "empty 'choices'"),
+    (Mode.NULL_CONTENT, LLMErrorKind.MALFORMED, "content is not a string"),
+    (Mode.CLOSE, LLMErrorKind.CONNECTION, "closed the connection"),
+    (Mode.HTTP_500_ECHO_AUTH, LLMErrorKind.HTTP_STATUS, "[redacted]"),
+]
+
+
+@pytest.mark.parametrize(("mode", "kind", "says"), FAILURES, ids=[m for m, _, _ in FAILURES])
+def test_failure_modes_raise_the_right_kind_without_the_key(
+        fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch,
+        mode: Mode, kind: LLMErrorKind, says: str) -> None:
+    monkeypatch.setenv(KEY_ENV, KEY)
+    fake_openai.mode = mode
+    with pytest.raises(LLMError) as info:
+        http_provider(fake_openai, key_env=KEY_ENV).complete(REQUEST)
+    err = info.value
+    assert err.kind is kind
+    assert err.provider == "fake"
+    assert says in str(err)
+    assert_no_key(err)
+    if kind is LLMErrorKind.HTTP_STATUS:
+        assert err.status == int(mode.value.split("_")[1])
+    # the key did reach the server (so the redaction above was tested for real)
+    assert fake_openai.last.headers["authorization"] == f"Bearer {KEY}"
+
+
+def test_timeout_is_honoured(fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KEY_ENV, KEY)
+    fake_openai.mode = Mode.SLOW
+    fake_openai.slow_s = 2.0
+    with pytest.raises(LLMError) as info:
+        http_provider(fake_openai, key_env=KEY_ENV, timeout_s=0.3).complete(REQUEST)
+    assert info.value.kind is LLMErrorKind.TIMEOUT
+    assert_no_key(info.value)
+
+
+def test_connection_refused(refused_url: str) -> None:
+    with pytest.raises(LLMError) as info:
+        http_provider(refused_url).complete(REQUEST)
+    assert info.value.kind is LLMErrorKind.CONNECTION_REFUSED
+    assert "refused" in str(info.value)
+
+
+def test_unknown_path_is_an_http_status_error(fake_openai: FakeOpenAI) -> None:
+    wrong = fake_openai.base_url.removesuffix("/v1") + "/api"
+    with pytest.raises(LLMError) as info:
+        http_provider(wrong).complete(REQUEST)
+    assert (info.value.kind, info.value.status) == (LLMErrorKind.HTTP_STATUS, 404)
+
+
+# --------------------------------------------------------------------------- offline
+
+
+def test_offline_provider_answers_from_the_first_two_memories() -> None:
+    offline = OfflineProvider()
+    first = offline.complete(REQUEST)
+    assert first.text == ("From what I remember: Ana lives in Porto. "
+                          "Ana works night shifts as a nurse.")
+    assert "cat" not in first.text
+    assert first.provider == "offline"
+    assert offline.complete(REQUEST) == first
+    assert OfflineProvider().complete(REQUEST.model_copy()) == first
+
+
+def test_offline_provider_without_memories_is_fixed_and_echoes_nothing() -> None:
+    secret = "my bank PIN is 4921, what is it?"
+    a = OfflineProvider().complete(LLMRequest(messages=[ChatMessage(role="user", content=secret)]))
+    b = OfflineProvider().complete(LLMRequest(messages=[ChatMessage(role="user", content="hi")],
+                                              memories=["", "   "]))
+    assert a.text == b.text == OfflineProvider.NO_MEMORY_REPLY
+    assert "4921" not in a.text
+    assert "no language model" in a.text.lower()
+
+
+def test_make_llm_without_providers_answers_offline() -> None:
+    llm = make_llm(LLMSettings())
+    assert isinstance(llm, LLMProvider)
+    completion = llm.complete(REQUEST)
+    assert completion.provider == "offline"
+    assert completion.text.startswith("From what I remember: Ana lives in Porto.")
+    assert llm.consecutive_failures == 0
+    assert llm.notice is None
+
+
+def test_make_llm_without_providers_or_offline_fallback_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"llm\.providers"):
+        make_llm(LLMSettings(offline_fallback=False))
+
+
+# --------------------------------------------------------------------------- chain
+
+
+def test_chain_falls_through_to_the_second_provider(fake_openai: FakeOpenAI,
+                                                    caplog: pytest.LogCaptureFixture) -> None:
+    fake_openai.mode = Mode.HTTP_500
+    with FakeOpenAI() as second:
+        llm = make_llm(LLMSettings(providers=[provider_settings(fake_openai, "primary"),
+                                              provider_settings(second, "secondary")]))
+        completion = llm.complete(REQUEST)
+        assert completion.provider == "secondary"
+        assert completion.text == "echo: Where does my sister live?"
+        assert len(fake_openai.requests) == len(second.requests) == 1
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("primary" in w and "http_status" in w for w in warnings)
+    assert llm.consecutive_failures == 0
+
+
+def test_chain_falls_back_to_offline_when_every_http_provider_fails(
+        fake_openai: FakeOpenAI, refused_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KEY_ENV, KEY)
+    fake_openai.mode = Mode.SLOW
+    settings = LLMSettings(providers=[
+        provider_settings(fake_openai, "slow", key_env=KEY_ENV, timeout_s=0.3),
+        provider_settings(refused_url, "down", key_env=KEY_ENV),
+    ])
+    llm = make_llm(settings)
+    assert [p.name for p in llm.providers] == ["slow", "down", "offline"]
+    completion = llm.complete(REQUEST)
+    assert completion.provider == "offline"
+    assert completion.text.startswith("From what I remember:")
+    # the real models are failing even though memory still answered
+    assert llm.consecutive_failures == 1
+    assert [e.kind for e in llm.last_errors] == [LLMErrorKind.TIMEOUT,
+                                                 LLMErrorKind.CONNECTION_REFUSED]
+
+
+def test_all_providers_failed_without_offline_fallback(
+        fake_openai: FakeOpenAI, refused_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KEY_ENV, KEY)
+    fake_openai.mode = Mode.HTTP_500_ECHO_AUTH
+    llm = make_llm(LLMSettings(offline_fallback=False, providers=[
+        provider_settings(fake_openai, "first", key_env=KEY_ENV),
+        provider_settings(refused_url, "second", key_env=KEY_ENV),
+    ]))
+    with pytest.raises(AllProvidersFailed) as info:
+        llm.complete(REQUEST)
+    err = info.value
+    assert isinstance(err, LLMError)
+    assert err.kind is LLMErrorKind.ALL_FAILED
+    assert [(e.provider, e.kind) for e in err.errors] == [
+        ("first", LLMErrorKind.HTTP_STATUS), ("second", LLMErrorKind.CONNECTION_REFUSED)]
+    assert "first" in str(err) and "second" in str(err)
+    assert_no_key(err)
+    # errors cross process boundaries (Ray actors) intact
+    copy = pickle.loads(pickle.dumps(err))
+    assert (type(copy), str(copy), copy.kind) == (AllProvidersFailed, str(err), err.kind)
+    assert [(e.provider, e.kind, e.status) for e in copy.errors] == [
+        (e.provider, e.kind, e.status) for e in err.errors]
+
+
+@pytest.mark.parametrize("offline_fallback", [False, True])
+def test_notice_after_two_consecutive_failures_and_cleared_by_success(
+        fake_openai: FakeOpenAI, offline_fallback: bool) -> None:
+    llm = make_llm(LLMSettings(offline_fallback=offline_fallback,
+                               providers=[provider_settings(fake_openai, "ollama")]))
+    fake_openai.mode = Mode.HTTP_429
+
+    def call() -> None:
+        if offline_fallback:
+            assert llm.complete(REQUEST).provider == "offline"
+        else:
+            with pytest.raises(AllProvidersFailed):
+                llm.complete(REQUEST)
+
+    call()
+    assert llm.consecutive_failures == 1
+    assert llm.notice is None
+    call()
+    assert llm.consecutive_failures == 2
+    notice = llm.notice
+    assert notice is not None
+    assert notice.startswith("memory: language model failing (2 consecutive failures")
+    assert "ollama http_status 429" in notice
+    call()
+    assert llm.notice is not None and "(3 consecutive failures" in llm.notice
+
+    fake_openai.mode = Mode.OK
+    assert llm.complete(REQUEST).provider == "ollama"
+    assert llm.consecutive_failures == 0
+    assert llm.notice is None
+
+
+def test_chain_of_plain_providers_and_protocol() -> None:
+    class Broken:
+        name = "broken"
+        model = "none"
+
+        def complete(self, request: LLMRequest) -> Completion:
+            raise LLMError(self.name, LLMErrorKind.MALFORMED, "always broken")
+
+    broken = Broken()
+    assert isinstance(broken, LLMProvider)
+    chain = FallbackChain([broken, OfflineProvider()])
+    assert chain.complete(REQUEST).provider == "offline"
+    assert isinstance(chain, LLMProvider)
+    with pytest.raises(ValueError):
+        FallbackChain([])
