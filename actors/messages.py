@@ -115,6 +115,7 @@ class Recall(Message):
     max_items: int | None = Field(default=None, ge=0, le=200)
     max_tokens: int | None = Field(default=None, ge=0)
     now: float | None = None
+    exclude: list[str] = Field(default_factory=list, max_length=MAX_BATCH)
 
 
 class MemoryItem(Message):
@@ -207,6 +208,8 @@ class UserTurn(Message):
     speaker: str | None = Field(default=None, max_length=200)
     location: Location | None = None
     temporary: bool = False  # a temporary chat writes no memory and no transcript
+    # Optional caller-chosen id: resending the same turn never writes it twice.
+    request_id: str | None = Field(default=None, min_length=1, max_length=80)
 
 
 class TurnReply(Message):

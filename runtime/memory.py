@@ -14,7 +14,7 @@ are durable and the next sync (at the latest on the next open) embeds them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from runtime.clock import Clock, SystemClock
@@ -108,8 +108,9 @@ class Memory:
     # -- reads ------------------------------------------------------------
 
     def recall(self, query: str, now: float | None = None, max_items: int | None = None,
-               max_tokens: int | None = None) -> RecallResult:
-        return self.recaller.recall(query, now=now, max_items=max_items, max_tokens=max_tokens)
+               max_tokens: int | None = None, exclude: Iterable[str] = ()) -> RecallResult:
+        return self.recaller.recall(query, now=now, max_items=max_items, max_tokens=max_tokens,
+                                    exclude=exclude)
 
     def counts(self) -> dict[str, int]:
         return {

@@ -141,7 +141,10 @@ class Recaller:
         now: float | None = None,
         max_items: int | None = None,
         max_tokens: int | None = None,
+        exclude: Iterable[str] = (),
     ) -> RecallResult:
+        """Recall for ``query``. ``exclude``: refs left out before ranking (the
+        turn being answered and the history already in the prompt)."""
         started = time.perf_counter()
         now = self.clock.now() if now is None else now
         max_items = self.settings.max_items if max_items is None else max_items
@@ -157,6 +160,9 @@ class Recaller:
                 result.degraded, result.reason = True, f"{type(exc).__name__}: {exc}"
                 cands = self._fallback(query, now)
                 max_items = min(max_items, self.settings.fallback_items)
+            skip = set(exclude)
+            if skip:
+                cands = [c for c in cands if f"{c.kind}:{c.item_id}" not in skip]
             result.items = self._budget(cands, now, max_items, max_tokens)
         result.elapsed_ms = (time.perf_counter() - started) * 1000
         return result

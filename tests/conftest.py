@@ -51,3 +51,16 @@ def memory(make_settings: Callable[..., Settings], clock: ManualClock,
     mem = Memory(make_settings(), clock=clock, embedder=embedder)
     yield mem
     mem.close()
+
+
+@pytest.fixture(scope="session")
+def ray_instance() -> Iterator[str]:
+    """One real local Ray instance for the whole test session (start-up costs seconds).
+
+    Yields its GCS address, so that subprocesses (the ``reverie`` command) can join it."""
+    import ray
+
+    ctx = ray.init(num_cpus=2, object_store_memory=96 * 1024 * 1024, include_dashboard=False,
+                   logging_level="WARNING", log_to_driver=False, _node_ip_address="127.0.0.1")
+    yield str(ctx.address_info["gcs_address"])
+    ray.shutdown()

@@ -1,0 +1,58 @@
+"""The Recall actor: owns the vectors table and the hnswlib indexes; answers recall."""
+
+from __future__ import annotations
+
+import logging
+
+from actors.common import EMBEDDER, actor, open_store, setup_logging
+from actors.embedder import RemoteEmbedder
+from actors.messages import Ack, DropFromIndex, IndexSynced, Recall, Recalled, SyncIndex
+from runtime.config import Settings
+from runtime.fact_kinds import FactKinds
+from runtime.indexing import Indexer
+from runtime.recall import Recaller
+from runtime.vector_index import KINDS, VectorIndex
+
+log = logging.getLogger(__name__)
+
+SAVE_EVERY = 5000  # vectors added between index saves (the database is the truth)
+
+
+class RecallActor:
+    def __init__(self, settings: Settings) -> None:
+        setup_logging(settings, "recall")
+        self.store = open_store(settings)
+        self.embedder = RemoteEmbedder(actor(EMBEDDER, settings.runtime.namespace))
+        index_dir = settings.store.resolved_dir / "index"
+        self.index = VectorIndex(self.store, index_dir, self.embedder.name, self.embedder.dim)
+        self.indexer = Indexer(self.store, self.index, self.embedder,
+                               batch=settings.embedder.batch_size)
+        self.recaller = Recaller(self.store, self.index, self.embedder,
+                                 FactKinds.load(settings.memory.fact_kinds_file),
+                                 settings.recall, self.store.clock)
+        self.indexer.drop_stale_models()
+        self._unsaved = self.indexer.sync()  # catch up with rows written while down
+
+    def recall(self, msg: Recall) -> Recalled:
+        return Recalled.of(self.recaller.recall(
+            msg.query, now=msg.now, max_items=msg.max_items, max_tokens=msg.max_tokens,
+            exclude=msg.exclude))
+
+    def sync(self, msg: SyncIndex | None = None) -> IndexSynced:
+        added = self.indexer.sync()
+        self._unsaved += added
+        if self._unsaved >= SAVE_EVERY:
+            self.save()
+        return IndexSynced(added=added, counts={k: self.index.count(k) for k in KINDS})
+
+    def drop(self, msg: DropFromIndex) -> Ack:
+        self.indexer.drop(msg.kind, msg.item_id)
+        return Ack()
+
+    def save(self) -> Ack:
+        self.index.save()
+        self._unsaved = 0
+        return Ack()
+
+    def ping(self) -> str:
+        return "ok"

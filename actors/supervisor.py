@@ -1,0 +1,106 @@
+"""The Supervisor: starts the actors in order, wires them by name, reports health.
+
+Every actor is a named actor in the household's namespace (so the Ray
+dashboard shows who is who), created with ``max_restarts`` so Ray restarts it
+after a crash; a restarted actor re-runs its constructor and rebuilds its
+state from SQLite. The Supervisor owns the actors: stopping it (or the driver
+that created it) stops them all.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import ray
+
+from actors.common import (
+    ACTORS,
+    EMBEDDER,
+    EPISODES,
+    GRAPH,
+    RECALL,
+    SUPERVISOR,
+    TRANSCRIPT,
+    TURNS,
+    setup_logging,
+)
+from actors.embedder import EmbedderActor
+from actors.memory_writers import EpisodesActor, GraphActor
+from actors.messages import Status, StatusRequest
+from actors.recall import RecallActor
+from actors.transcript import TranscriptActor
+from actors.turns import TurnsActor
+from runtime.config import Settings
+
+log = logging.getLogger(__name__)
+
+CLASSES: dict[str, type] = {
+    EMBEDDER: EmbedderActor, TRANSCRIPT: TranscriptActor, RECALL: RecallActor,
+    EPISODES: EpisodesActor, GRAPH: GraphActor, TURNS: TurnsActor,
+}
+# Calls a restarted actor may safely see again: appends carry request ids,
+# recall and embedding are reads.
+RETRIES: dict[str, int] = {EMBEDDER: 3, TRANSCRIPT: 3, RECALL: 3, EPISODES: 0, GRAPH: 0,
+                           TURNS: 0}
+PING_TIMEOUT_S = 10.0
+
+
+class Supervisor:
+    def __init__(self, settings: Settings) -> None:
+        setup_logging(settings, SUPERVISOR)
+        self.settings = settings
+        self.namespace = settings.runtime.namespace
+        self.handles: dict[str, Any] = {}
+        for name in ACTORS:  # in dependency order: embedder first, turns last
+            self.handles[name] = self._start(name)
+            ray.get(self.handles[name].ping.remote(), timeout=300)
+        log.info("actors started: %s", ", ".join(ACTORS))
+
+    def _start(self, name: str) -> Any:
+        rt = self.settings.runtime
+        cls: Any = ray.remote(CLASSES[name])
+        return cls.options(
+            name=name, namespace=self.namespace, num_cpus=0,
+            max_restarts=rt.max_restarts, max_task_retries=RETRIES[name],
+            max_pending_calls=rt.max_pending_calls, get_if_exists=True,
+        ).remote(self.settings)
+
+    def status(self, msg: StatusRequest | None = None) -> Status:
+        states: dict[str, str] = {}
+        pings = {name: h.ping.remote() for name, h in self.handles.items()}
+        for name, ref in pings.items():
+            try:
+                states[name] = ray.get(ref, timeout=PING_TIMEOUT_S)
+            except Exception as exc:
+                states[name] = f"down: {type(exc).__name__}"
+        counts: dict[str, int] = {}
+        try:
+            counts = ray.get(self.handles[TRANSCRIPT].counts.remote(), timeout=PING_TIMEOUT_S)
+        except Exception as exc:
+            log.warning("counts unavailable: %s", exc)
+        return Status(namespace=self.namespace, actors=states, counts=counts)
+
+    def stop(self) -> None:
+        """Save what is cached (the vector indexes), then stop every actor."""
+        try:
+            ray.get(self.handles[RECALL].save.remote(), timeout=60)
+        except Exception as exc:
+            log.warning("index save at stop failed (rebuilt from SQLite on start): %s", exc)
+        for name in reversed(ACTORS):
+            ray.kill(self.handles[name], no_restart=True)
+        self.handles.clear()
+
+    def ping(self) -> str:
+        return "ok"
+
+
+def start(settings: Settings) -> Any:
+    """Start the Supervisor (which starts everything else); return its handle."""
+    cls: Any = ray.remote(Supervisor)
+    handle = cls.options(
+        name=SUPERVISOR, namespace=settings.runtime.namespace, num_cpus=0,
+        max_restarts=0, get_if_exists=True,
+    ).remote(settings)
+    ray.get(handle.ping.remote(), timeout=600)
+    return handle
