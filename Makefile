@@ -22,7 +22,7 @@ sysdeps:
 	tools/install-system-deps.sh
 
 run: $(STAMP)
-	$(BIN)/python -m runtime
+	$(BIN)/reverie run
 
 test: $(STAMP) sysdeps
 	$(BIN)/python -m pytest -q

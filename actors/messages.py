@@ -157,7 +157,7 @@ class Recalled(Message):
 
 
 class SyncIndex(Message):
-    pass
+    limit: int | None = Field(default=None, ge=1)  # at most this many items this call
 
 
 class IndexSynced(Message):

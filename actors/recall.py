@@ -39,11 +39,21 @@ class RecallActor:
             exclude=msg.exclude))
 
     def sync(self, msg: SyncIndex | None = None) -> IndexSynced:
-        added = self.indexer.sync()
+        added = self.indexer.sync(limit=msg.limit if msg else None)
         self._unsaved += added
         if self._unsaved >= SAVE_EVERY:
             self.save()
         return IndexSynced(added=added, counts={k: self.index.count(k) for k in KINDS})
+
+    def pending(self, msg: None = None) -> int:
+        """Memory items still waiting for a vector."""
+        return self.indexer.pending_count()
+
+    def clear(self, msg: None = None) -> Ack:
+        """Drop every vector (re-embedding follows through sync)."""
+        cleared = self.indexer.clear()
+        self.index.save()
+        return Ack(detail=f"{cleared} vectors dropped")
 
     def drop(self, msg: DropFromIndex) -> Ack:
         self.indexer.drop(msg.kind, msg.item_id)

@@ -70,13 +70,15 @@ class Indexer:
             del kind
         return total
 
-    def sync(self, progress: Progress | None = None) -> int:
-        """Embed and index every memory item that has no vector; return how many."""
+    def sync(self, progress: Progress | None = None, limit: int | None = None) -> int:
+        """Embed and index memory items that have no vector (all of them, or up to
+        ``limit``); return how many."""
         done = 0
         total = self.pending_count() if progress else 0
         for kind, sql in _PENDING.items():
-            while True:
-                rows = self.store.rows(sql, (self._checked[kind], self.batch))
+            while limit is None or done < limit:
+                size = self.batch if limit is None else min(self.batch, limit - done)
+                rows = self.store.rows(sql, (self._checked[kind], size))
                 if not rows:
                     break
                 vecs = self.embedder.embed([document(kind, r) for r in rows])
@@ -102,6 +104,15 @@ class Indexer:
         for old in replaced:
             self.index.remove(kind, old)
         return labels
+
+    def clear(self) -> int:
+        """Forget every vector; the next syncs re-embed everything."""
+        rows = self.store.rows("SELECT id, kind FROM vectors")
+        self.store.conn.execute("DELETE FROM vectors")
+        for row in rows:
+            self.index.remove(row["kind"], row["id"])
+        self._checked = dict.fromkeys(self._checked, 0)
+        return len(rows)
 
     def drop(self, kind: str, item_id: int) -> None:
         """Forget an item's vector (it was tombstoned, deleted or superseded)."""

@@ -376,6 +376,8 @@ def render(kind: str, row: Row) -> str:
         return f"[{_date(row['created_at'])}] {who}: {row['content']}"
     if kind == "episode":
         return f"[{_date(row['started_at'] or row['created_at'])}] {row['gist']}"
+    if str(row["key"]).startswith("note-"):  # an explicit "remember: ..." note
+        return f"{row['subject']}: {row['value']} (noted {_date(row['recorded_at'])})"
     window = f"since {_date(row['valid_from'])}"
     if row.get("valid_to") is not None:
         window = f"{_date(row['valid_from'])} to {_date(row['valid_to'])}"

@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+"""Turn-zero recall latency through the actors against the same code in process.
+
+Usage:
+    tools/bench/actor_recall.py [--sizes 10000,100000] [--cache DIR] [--json OUT.json]
+
+For each store size N:
+
+1. Build the store once, in process: N synthetic household turns (fixed seed,
+   see ``_common.household_turns``) written with ``Memory.add_turns`` in
+   batches of ``--batch`` (256), which commits the rows, embeds them and adds
+   them to the hnswlib index; then ``Memory.close()`` saves the index. With
+   ``--cache DIR`` the built store is kept in DIR and later runs copy it
+   instead of building again.
+2. Start a private local Ray node (no dashboard, bounded object store) and the
+   actor runtime on that data directory (``actors.supervisor.start``); the
+   Recall actor loads the saved index. Open ``Memory`` on the same directory in
+   the driver as well.
+3. Warm up (``--warmup`` queries, not counted), then for each of ``--queries``
+   distinct questions (never equal to a stored text), ``--rounds`` times, time
+   four operations, rotating their order from one query to the next:
+     actor       ``ray.get(recall.recall.remote(Recall(query=q)))`` from the driver
+                 (driver -> Recall actor -> Embedder actor -> Recall actor -> driver)
+     in-process  ``Memory.recall(q)``: the same Recaller code, local embedder
+     embed       ``embedder.embed([q])`` in process: the query-embedding share
+     embed/actor ``ray.get(embedder.embed.remote(Embed(texts=[q])))`` from the driver
+   Both recall paths use the same fixed ``now`` so that their answers can be
+   compared (``same_refs``: the share of queries answered identically).
+   ``actor (inside)`` is the ``elapsed_ms`` the Recall actor measured itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import _common as c
+
+from actors import supervisor
+from actors.common import EMBEDDER, RECALL, actor
+from actors.messages import Embed, Recall, Recalled
+from runtime.config import Settings
+from runtime.memory import Memory
+from runtime.vector_index import KINDS
+
+SEED = 7
+QUERY_SEED = 11
+CORPUS_START = 1_760_000_000.0
+SPAN_DAYS = 365.0
+NOW = CORPUS_START + (SPAN_DAYS + 1) * 86400.0  # "now" for both recall paths
+META = "bench-store.json"
+
+
+# -- building (or reusing) a store ----------------------------------------
+
+def store_key(n: int, seed: int) -> str:
+    return f"store-n{n}-seed{seed}-corpus{c.CORPUS_VERSION}"
+
+
+def read_meta(data_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((data_dir / META).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def build_store(data_dir: Path, n: int, seed: int, batch: int) -> dict[str, Any]:
+    if data_dir.exists():
+        shutil.rmtree(data_dir)
+    data_dir.mkdir(parents=True)
+    settings = c.make_settings(data_dir)
+    c.log(f"building a store of {n:,} memories in {data_dir} (batches of {batch})")
+    started = time.perf_counter()
+    memory = Memory(settings)
+    memory.embedder.embed(["warm up"])  # model load is not part of the build rate
+    load_s = time.perf_counter() - started
+    t0 = time.perf_counter()
+    last_print = t0
+    pending = []
+    done = 0
+    for turn in c.household_turns(n, seed=seed, start=CORPUS_START, span_days=SPAN_DAYS):
+        pending.append(turn)
+        if len(pending) == batch:
+            memory.add_turns(pending)
+            done += len(pending)
+            pending = []
+            now = time.perf_counter()
+            if now - last_print >= 15 or done == n:
+                rate = done / (now - t0)
+                eta = (n - done) / rate if rate else 0.0
+                c.log(f"  {done:>7,}/{n:,}  {rate:6.1f} turns/s  ETA {eta / 60:5.1f} min")
+                last_print = now
+    if pending:
+        memory.add_turns(pending)
+        done += len(pending)
+    build_s = time.perf_counter() - t0
+    counts = memory.counts()
+    memory.close()
+    if counts["vectors"] != n:
+        raise RuntimeError(f"built {counts} but expected {n} vectors")
+    meta = {"n": n, "seed": seed, "corpus_version": c.CORPUS_VERSION,
+            "model": memory.embedder.name, "counts": counts, "batch": batch,
+            "build_s": round(build_s, 1), "model_load_s": round(load_s, 2),
+            "turns_per_s": round(n / build_s, 1),
+            "db_mib": round(settings.store.path.stat().st_size / c.MiB, 1),
+            "index_mib": round(sum(p.stat().st_size for p in (data_dir / "index").iterdir())
+                               / c.MiB, 1)}
+    (data_dir / META).write_text(json.dumps(meta, indent=2))
+    c.log(f"  built in {build_s:.0f} s ({meta['turns_per_s']} turns/s), "
+          f"db {meta['db_mib']} MiB, index {meta['index_mib']} MiB")
+    return meta
+
+
+def prepare_store(n: int, seed: int, batch: int, work: Path,
+                  cache: Path | None) -> tuple[Path, dict[str, Any]]:
+    """A data directory holding the store of ``n`` memories, ours to change."""
+    target = work / f"data-{n}"
+    if cache is None:
+        return target, build_store(target, n, seed, batch)
+    cached = cache / store_key(n, seed)
+    meta = read_meta(cached)
+    if meta is None or meta.get("n") != n or meta.get("counts", {}).get("vectors") != n:
+        meta = build_store(cached, n, seed, batch)
+        meta["cached"] = False
+    else:
+        c.log(f"reusing cached store {cached}")
+        meta["cached"] = True
+    started = time.perf_counter()
+    shutil.copytree(cached, target)
+    meta["copy_s"] = round(time.perf_counter() - started, 2)
+    return target, meta
+
+
+# -- measuring --------------------------------------------------------------
+
+def measure(settings: Settings, queries: list[str], warmup: list[str],
+            rounds: int) -> dict[str, Any]:
+    import ray
+
+    ns = settings.runtime.namespace
+    started = time.perf_counter()
+    sup = supervisor.start(settings)
+    actors_s = time.perf_counter() - started
+    c.log(f"  actors ready in {actors_s:.1f} s")
+    try:
+        recall_h = actor(RECALL, ns)
+        embed_h = actor(EMBEDDER, ns)
+        counts = ray.get(recall_h.sync.remote(), timeout=600).counts
+        started = time.perf_counter()
+        memory = Memory(settings)
+        memory.embedder.embed(["warm up"])
+        open_s = time.perf_counter() - started
+        try:
+            return _run(memory, recall_h, embed_h, queries, warmup, rounds) | {
+                "actors_ready_s": round(actors_s, 2), "memory_open_s": round(open_s, 2),
+                "index_counts": counts}
+        finally:
+            memory.close()
+    finally:
+        c.stop_runtime(sup)
+
+
+def _run(memory: Memory, recall_h: Any, embed_h: Any, queries: list[str],
+         warmup: list[str], rounds: int) -> dict[str, Any]:
+    import ray
+
+    times: dict[str, list[float]] = {k: [] for k in
+                                     ("actor", "actor_inside", "inproc", "embed", "embed_actor")}
+    same = 0
+    items: list[int] = []
+
+    def op_actor(q: str, keep: bool) -> list[str]:
+        t = time.perf_counter()
+        reply: Recalled = ray.get(recall_h.recall.remote(Recall(query=q, now=NOW)), timeout=60)
+        if keep:
+            times["actor"].append((time.perf_counter() - t) * 1000)
+            times["actor_inside"].append(reply.elapsed_ms)
+        return reply.refs
+
+    def op_inproc(q: str, keep: bool) -> list[str]:
+        t = time.perf_counter()
+        result = memory.recall(q, now=NOW)
+        if keep:
+            times["inproc"].append((time.perf_counter() - t) * 1000)
+        return result.refs
+
+    def op_embed(q: str, keep: bool) -> None:
+        t = time.perf_counter()
+        memory.embedder.embed([q])
+        if keep:
+            times["embed"].append((time.perf_counter() - t) * 1000)
+
+    def op_embed_actor(q: str, keep: bool) -> None:
+        t = time.perf_counter()
+        ray.get(embed_h.embed.remote(Embed(texts=[q])), timeout=60)
+        if keep:
+            times["embed_actor"].append((time.perf_counter() - t) * 1000)
+
+    def one(q: str, i: int, keep: bool) -> tuple[list[str], list[str]]:
+        ops = ["actor", "inproc", "embed", "embed_actor"]
+        k = i % len(ops)
+        refs: dict[str, Any] = {}
+        for name in ops[k:] + ops[:k]:
+            if name == "actor":
+                refs["actor"] = op_actor(q, keep)
+            elif name == "inproc":
+                refs["inproc"] = op_inproc(q, keep)
+            elif name == "embed":
+                op_embed(q, keep)
+            else:
+                op_embed_actor(q, keep)
+        return refs["actor"], refs["inproc"]
+
+    c.log(f"  warm-up: {len(warmup)} queries")
+    for i, q in enumerate(warmup):
+        one(q, i, keep=False)
+    c.log(f"  measuring: {len(queries)} queries x {rounds} rounds")
+    step = 0
+    for r in range(rounds):
+        for q in queries:
+            a, b = one(q, step + r, keep=True)
+            step += 1
+            same += a == b
+            items.append(len(b))
+    n = len(queries) * rounds
+    return {name: c.lat_summary(ms) for name, ms in times.items()} | {
+        "same_refs": round(same / n, 4), "items_mean": round(statistics.fmean(items), 2),
+        "items_zero": round(sum(1 for x in items if x == 0) / n, 4)}
+
+
+# -- main -------------------------------------------------------------------
+
+LABELS = [("inproc", "in-process Memory.recall"), ("actor", "actor Recall (driver ray.get)"),
+          ("actor_inside", "actor Recall (inside actor)"), ("embed", "query embed (in-process)"),
+          ("embed_actor", "query embed (Embedder actor)")]
+
+
+def report(results: list[dict[str, Any]]) -> None:
+    rows = []
+    for res in results:
+        n = res["n"]
+        base = res["inproc"]
+        for key, label in LABELS:
+            s = res[key]
+            ratio50 = s["p50_ms"] / base["p50_ms"] if base["p50_ms"] else 0.0
+            ratio99 = s["p99_ms"] / base["p99_ms"] if base["p99_ms"] else 0.0
+            rows.append([n, label, s["p50_ms"], s["p90_ms"], s["p99_ms"], s["mean_ms"],
+                         round(ratio50, 2), round(ratio99, 2)])
+    print()
+    print(c.table(["memories", "operation", "p50 ms", "p90 ms", "p99 ms", "mean ms",
+                   "x p50", "x p99"], rows))
+    print("(x = ratio to in-process Memory.recall at the same size)")
+    print()
+    print(c.table(["memories", "same refs", "items/query", "no items", "actors ready s",
+                   "build turns/s"],
+                  [[r["n"], r["same_refs"], r["items_mean"], r["items_zero"],
+                    r["actors_ready_s"], r["store"].get("turns_per_s", 0.0)]
+                   for r in results]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="10000,100000",
+                    help="store sizes, comma-separated (default 10000,100000)")
+    ap.add_argument("--queries", type=int, default=300, help="distinct measured queries")
+    ap.add_argument("--warmup", type=int, default=30, help="warm-up queries (not counted)")
+    ap.add_argument("--rounds", type=int, default=2, help="passes over the queries")
+    ap.add_argument("--batch", type=int, default=256, help="Memory.add_turns batch when building")
+    ap.add_argument("--seed", type=int, default=SEED, help="corpus seed")
+    ap.add_argument("--cache", type=Path, default=None,
+                    help="keep built stores here and reuse them on later runs")
+    ap.add_argument("--json", dest="json_out", default=None, help="write the figures here")
+    args = ap.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
+    wall = time.perf_counter()
+
+    work = Path(tempfile.mkdtemp(prefix="rvb-recall-"))
+    if args.cache:
+        args.cache.mkdir(parents=True, exist_ok=True)
+    results: list[dict[str, Any]] = []
+    try:
+        stores: dict[int, tuple[Path, dict[str, Any]]] = {}
+        for n in sizes:
+            stores[n] = prepare_store(n, args.seed, args.batch, work, args.cache)
+        texts: set[str] = set()
+        for turn in c.household_turns(max(sizes), seed=args.seed, start=CORPUS_START,
+                                      span_days=SPAN_DAYS):
+            texts.add(turn.content)
+        all_q = c.household_queries(args.queries + args.warmup, seed=QUERY_SEED, avoid=texts)
+        warmup, queries = all_q[:args.warmup], all_q[args.warmup:]
+        # the Ray node lives across sizes; each size gets its own namespace and actors
+        ray_settings = c.make_settings(work / "unused")
+        with c.local_ray(ray_settings, dashboard=False) as ray_info:
+            c.log(f"ray up in {ray_info['init_s']:.1f} s ({ray_info['session_dir']})")
+            for n in sizes:
+                data_dir, meta = stores[n]
+                c.log(f"size {n:,}: starting the actors on {data_dir}")
+                settings = c.make_settings(data_dir)
+                res = measure(settings, queries, warmup, args.rounds)
+                res |= {"n": n, "store": meta}
+                results.append(res)
+                c.log(f"  in-process p50 {res['inproc']['p50_ms']:.1f} ms, "
+                      f"actor p50 {res['actor']['p50_ms']:.1f} ms")
+                shutil.rmtree(data_dir, ignore_errors=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    report(results)
+    wall_s = time.perf_counter() - wall
+    summary = "; ".join(
+        f"{r['n']:,}: actor p50/p99 {r['actor']['p50_ms']:.1f}/{r['actor']['p99_ms']:.1f} ms"
+        f" vs in-process {r['inproc']['p50_ms']:.1f}/{r['inproc']['p99_ms']:.1f} ms"
+        f" (x{r['actor']['p50_ms'] / r['inproc']['p50_ms']:.2f} p50),"
+        f" embed p50 {r['embed']['p50_ms']:.1f} ms" for r in results)
+    print(f"\nSUMMARY actor_recall: {summary}; wall {wall_s:.0f} s")
+    c.write_json(args.json_out, {
+        "benchmark": "actor_recall", "machine": c.machine(), "wall_s": round(wall_s, 1),
+        "params": {"sizes": sizes, "queries": args.queries, "warmup": args.warmup,
+                   "rounds": args.rounds, "seed": args.seed, "query_seed": QUERY_SEED,
+                   "now": NOW, "kinds": list(KINDS)},
+        "results": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
