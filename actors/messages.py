@@ -93,7 +93,10 @@ class Embed(Message):
 
 
 class Embedded(Message):
-    """Row-major float32 vectors, L2-normalised."""
+    """Row-major float32 vectors, L2-normalised (base64 in JSON)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_bytes="base64",
+                              val_json_bytes="base64")
 
     model: str
     dim: int

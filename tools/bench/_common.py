@@ -388,7 +388,13 @@ def machine() -> dict[str, Any]:
     return {"python": platform.python_version(), "ray": ray.__version__,
             "cpus": os.cpu_count(), "platform": platform.platform(),
             "mem_gib": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-            "when": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()]}
+
+
+def loadavg() -> list[float]:
+    """The 1/5/15-minute load averages: other work on the machine skews the figures."""
+    return [round(x, 2) for x in os.getloadavg()]
 
 
 def write_json(path: str | None, payload: dict[str, Any]) -> None:

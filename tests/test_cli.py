@@ -1,0 +1,145 @@
+"""The ``reverie`` command against a running runtime (joined to the test session's Ray)."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REVERIE = [sys.executable, "-m", "actors.cli"]
+NS = "test-cli"
+
+
+def _env(data_dir: Path, model_cache: Path) -> dict[str, str]:
+    return {**os.environ, "REVERIE_DATA_DIR": str(data_dir),
+            "REVERIE_RUNTIME__NAMESPACE": NS,
+            "REVERIE_EMBEDDER__CACHE_DIR": str(model_cache),
+            "REVERIE_PERSONA__GLOBAL_DIR": str(data_dir / "persona")}
+
+
+def reverie(env: dict[str, str], *args: str, stdin: str | None = None,
+            timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*REVERIE, *args], env=env, capture_output=True, text=True,
+                          input=stdin, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def running(ray_instance: str, tmp_path_factory: pytest.TempPathFactory,
+            model_cache: Path) -> Iterator[dict[str, str]]:
+    env = _env(tmp_path_factory.mktemp("cli-data"), model_cache)
+    proc = subprocess.Popen([*REVERIE, "run", "--address", ray_instance], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or []],
+                     daemon=True).start()
+    seen = []
+    while True:
+        try:
+            line = lines.get(timeout=300)
+        except queue.Empty:
+            proc.kill()
+            pytest.fail(f"reverie run did not start: {''.join(seen)}")
+        seen.append(line)
+        if "Ctrl-C to stop" in line:
+            break
+        assert proc.poll() is None, "".join(seen)
+    yield env
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0
+    after = reverie(env, "status")
+    assert after.returncode == 1 and "no runtime" in after.stderr
+
+
+def test_status_without_runtime_exits_non_zero(tmp_path: Path, model_cache: Path) -> None:
+    result = reverie(_env(tmp_path, model_cache), "status")
+    assert result.returncode == 1
+    assert "no runtime is running" in result.stderr
+
+
+def test_broken_config_is_named(tmp_path: Path, model_cache: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[recall]\nmax_items = 'many'\n")
+    result = reverie(_env(tmp_path, model_cache), "--config", str(bad), "status")
+    assert result.returncode == 2 and "recall.max_items" in result.stderr
+
+
+def test_status_lists_every_actor(running: dict[str, str]) -> None:
+    result = reverie(running, "status", "--json")
+    assert result.returncode == 0, result.stderr
+    status = json.loads(result.stdout)
+    assert status["namespace"] == NS
+    assert status["actors"] == dict.fromkeys(
+        ["embedder", "transcript", "recall", "episodes", "graph", "turns"], "ok")
+
+
+def test_say_and_recall(running: dict[str, str]) -> None:
+    told = reverie(running, "say", "Our neighbour Tomas keeps bees on his roof.",
+                   "--channel", "voice", "--json")
+    assert told.returncode == 0, told.stderr
+    turn_id = json.loads(told.stdout)["turn_id"]
+    asked = reverie(running, "say", "Who keeps bees near us?", "--json")
+    assert asked.returncode == 0, asked.stderr
+    reply = json.loads(asked.stdout)
+    assert f"turn:{turn_id}" in reply["citations"]
+    found = reverie(running, "recall", "bees on the roof")
+    assert found.returncode == 0 and f"turn:{turn_id}" in found.stdout
+
+
+def test_remember_disable_forget(running: dict[str, str]) -> None:
+    made = reverie(running, "remember", "The spare bike lock code is 2718.")
+    assert made.returncode == 0, made.stderr
+    ref = made.stdout.split()[0]
+    assert ref.startswith("fact:")
+    assert ref in reverie(running, "recall", "bike lock code").stdout
+    assert reverie(running, "disable", ref).returncode == 0
+    assert ref not in reverie(running, "recall", "bike lock code").stdout
+    assert reverie(running, "forget", ref).returncode == 0
+    again = reverie(running, "forget", ref)
+    assert again.returncode == 2 and "no fact" in again.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["say", ""], "content"),
+    (["say", "hello", "--channel", "nope"], "unknown channel"),
+    (["forget", "turn:3"], "not a fact ref"),
+])
+def test_bad_input_is_a_clear_error(running: dict[str, str], args: list[str],
+                                    message: str) -> None:
+    result = reverie(running, *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_chat_session(running: dict[str, str]) -> None:
+    result = reverie(running, "chat", stdin="We planted three apple trees.\n\n/quit\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("reverie> ") == 1
+
+
+def test_import_shows_progress_and_is_idempotent(running: dict[str, str],
+                                                 tmp_path: Path) -> None:
+    history = tmp_path / "history.jsonl"
+    history.write_text("\n".join(json.dumps(
+        {"content": f"Imported memory number {i} about the garden shed.",
+         "created_at": 1_600_000_000 + i}) for i in range(300)) + "\n")
+    first = reverie(running, "import", str(history))
+    assert first.returncode == 0, first.stderr
+    assert "import  [" in first.stderr and "300/300" in first.stderr
+    assert "imported 300 turns" in first.stdout
+    counts = json.loads(reverie(running, "status", "--json").stdout)["counts"]
+    again = reverie(running, "import", str(history))
+    assert again.returncode == 0
+    assert json.loads(reverie(running, "status", "--json").stdout)["counts"] == counts
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"content": "fine"}\n{not json\n')
+    broken = reverie(running, "import", str(bad))
+    assert broken.returncode == 2 and "bad.jsonl:2" in broken.stderr
