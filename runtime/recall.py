@@ -49,6 +49,8 @@ TURN_SALIENCE = 5
 NEIGHBOUR_SHARE = 0.5
 # Weight of the keyword score beside cosine similarity in relevance.
 LEXICAL_WEIGHT = 0.5
+# Keyword hits ranked per memory kind before muted/dead rows are dropped.
+LEXICAL_OVERFETCH = 3
 # Added to a turn's relevance when the query names its speaker.
 SPEAKER_BONUS = 0.1
 # Raw turns age on the leaf time constant.
@@ -192,11 +194,13 @@ class Recaller:
         k = self.settings.candidates
         found: dict[Key, float] = {}
         for kind, table, source, live in _FTS_SOURCES:
+            # rank inside FTS5 first (over-fetching), then keep the recallable rows:
+            # joining every match before ranking costs twice as much on big stores
             hits = list(self.store.conn.execute(
-                f"SELECT {table}.rowid, -bm25({table}) FROM {table}"
-                f" JOIN {source} ON {source}.id = {table}.rowid"
-                f" WHERE {table} MATCH ? AND {live}"
-                f" ORDER BY bm25({table}) LIMIT ?", (expr, k)))
+                f"SELECT f.rowid, f.score FROM (SELECT rowid, -bm25({table}) AS score"
+                f" FROM {table} WHERE {table} MATCH ? ORDER BY bm25({table}) LIMIT ?) f"
+                f" JOIN {source} ON {source}.id = f.rowid WHERE {live}"
+                f" ORDER BY f.score DESC LIMIT ?", (expr, k * LEXICAL_OVERFETCH, k)))
             if not hits:
                 continue
             best = max(score for _, score in hits) or 1.0
@@ -275,9 +279,12 @@ class Recaller:
         span = self.settings.context_turns
         neighbour_ids: dict[int, list[int]] = {}
         for row in turn_rows:
+            # a rowid range (cheap), then the channel check in Python: asking SQLite
+            # for "channel = ? AND id BETWEEN" walks the channel index instead
             ids = [r[0] for r in self.store.conn.execute(
-                "SELECT id FROM transcript WHERE channel = ? AND id BETWEEN ? AND ? AND id != ?",
-                (row["channel"], row["id"] - span * 4, row["id"] + span * 4, row["id"]))]
+                "SELECT id, channel FROM transcript WHERE id BETWEEN ? AND ?",
+                (row["id"] - span * 4, row["id"] + span * 4))
+                if r[1] == row["channel"] and r[0] != row["id"]]
             before = [i for i in ids if i < row["id"]][-span:]
             after = [i for i in ids if i > row["id"]][:span]
             neighbour_ids[row["id"]] = before + after

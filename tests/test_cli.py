@@ -143,3 +143,12 @@ def test_import_shows_progress_and_is_idempotent(running: dict[str, str],
     bad.write_text('{"content": "fine"}\n{not json\n')
     broken = reverie(running, "import", str(bad))
     assert broken.returncode == 2 and "bad.jsonl:2" in broken.stderr
+
+
+def test_reindex_reembeds_with_progress(running: dict[str, str]) -> None:
+    before = reverie(running, "recall", "bees on the roof")
+    result = reverie(running, "reindex", "--reembed")
+    assert result.returncode == 0, result.stderr
+    assert "index  [" in result.stderr
+    after = reverie(running, "recall", "bees on the roof")
+    assert after.returncode == 0 and after.stdout == before.stdout

@@ -16,9 +16,13 @@ For each store size N:
    actor runtime on that data directory (``actors.supervisor.start``); the
    Recall actor loads the saved index. Open ``Memory`` on the same directory in
    the driver as well.
-3. Warm up (``--warmup`` queries, not counted), then for each of ``--queries``
-   distinct questions (never equal to a stored text), ``--rounds`` times, time
-   four operations, rotating their order from one query to the next:
+3. Warm up (``--warmup`` queries, not counted), then time four operations over
+   ``--queries`` distinct questions (never equal to a stored text), ``--rounds``
+   times. The queries go in blocks of ``--block`` (50): each operation runs over
+   the whole block before the next one starts, the order of the operations
+   rotating from block to block (so that slow drift of the machine hits all
+   four alike, while one operation's leftovers -- onnxruntime's worker threads
+   spin for a while after a call -- rarely land on another's timing):
      actor       ``ray.get(recall.recall.remote(Recall(query=q)))`` from the driver
                  (driver -> Recall actor -> Embedder actor -> Recall actor -> driver)
      in-process  ``Memory.recall(q)``: the same Recaller code, local embedder
@@ -141,7 +145,7 @@ def prepare_store(n: int, seed: int, batch: int, work: Path,
 # -- measuring --------------------------------------------------------------
 
 def measure(settings: Settings, queries: list[str], warmup: list[str],
-            rounds: int) -> dict[str, Any]:
+            rounds: int, chunk_size: int) -> dict[str, Any]:
     import ray
 
     ns = settings.runtime.namespace
@@ -158,9 +162,11 @@ def measure(settings: Settings, queries: list[str], warmup: list[str],
         memory.embedder.embed(["warm up"])
         open_s = time.perf_counter() - started
         try:
-            return _run(memory, recall_h, embed_h, queries, warmup, rounds) | {
-                "actors_ready_s": round(actors_s, 2), "memory_open_s": round(open_s, 2),
-                "index_counts": counts}
+            load_before = c.loadavg()
+            res = _run(memory, recall_h, embed_h, queries, warmup, rounds, chunk_size)
+            return res | {"actors_ready_s": round(actors_s, 2), "memory_open_s": round(open_s, 2),
+                          "index_counts": counts, "loadavg_before": load_before,
+                          "loadavg_after": c.loadavg()}
         finally:
             memory.close()
     finally:
@@ -168,7 +174,7 @@ def measure(settings: Settings, queries: list[str], warmup: list[str],
 
 
 def _run(memory: Memory, recall_h: Any, embed_h: Any, queries: list[str],
-         warmup: list[str], rounds: int) -> dict[str, Any]:
+         warmup: list[str], rounds: int, chunk_size: int) -> dict[str, Any]:
     import ray
 
     times: dict[str, list[float]] = {k: [] for k in
@@ -203,32 +209,27 @@ def _run(memory: Memory, recall_h: Any, embed_h: Any, queries: list[str],
         if keep:
             times["embed_actor"].append((time.perf_counter() - t) * 1000)
 
-    def one(q: str, i: int, keep: bool) -> tuple[list[str], list[str]]:
-        ops = ["actor", "inproc", "embed", "embed_actor"]
-        k = i % len(ops)
-        refs: dict[str, Any] = {}
-        for name in ops[k:] + ops[:k]:
-            if name == "actor":
-                refs["actor"] = op_actor(q, keep)
-            elif name == "inproc":
-                refs["inproc"] = op_inproc(q, keep)
-            elif name == "embed":
-                op_embed(q, keep)
-            else:
-                op_embed_actor(q, keep)
+    ops = {"actor": op_actor, "inproc": op_inproc, "embed": op_embed,
+           "embed_actor": op_embed_actor}
+    order = list(ops)
+
+    def block(chunk: list[str], k: int, keep: bool) -> tuple[list[Any], list[Any]]:
+        """Each operation over the whole chunk in turn, the order rotated by ``k``."""
+        refs: dict[str, list[Any]] = {}
+        for name in order[k % 4:] + order[:k % 4]:
+            refs[name] = [ops[name](q, keep) for q in chunk]
         return refs["actor"], refs["inproc"]
 
     c.log(f"  warm-up: {len(warmup)} queries")
-    for i, q in enumerate(warmup):
-        one(q, i, keep=False)
-    c.log(f"  measuring: {len(queries)} queries x {rounds} rounds")
-    step = 0
-    for r in range(rounds):
-        for q in queries:
-            a, b = one(q, step + r, keep=True)
-            step += 1
-            same += a == b
-            items.append(len(b))
+    block(warmup, 0, keep=False)
+    c.log(f"  measuring: {len(queries)} queries x {rounds} rounds, blocks of {chunk_size}")
+    k = 0
+    for _ in range(rounds):
+        for start in range(0, len(queries), chunk_size):
+            a, b = block(queries[start:start + chunk_size], k, keep=True)
+            k += 1
+            same += sum(x == y for x, y in zip(a, b))
+            items.extend(len(y) for y in b)
     n = len(queries) * rounds
     return {name: c.lat_summary(ms) for name, ms in times.items()} | {
         "same_refs": round(same / n, 4), "items_mean": round(statistics.fmean(items), 2),
@@ -272,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--queries", type=int, default=300, help="distinct measured queries")
     ap.add_argument("--warmup", type=int, default=30, help="warm-up queries (not counted)")
     ap.add_argument("--rounds", type=int, default=2, help="passes over the queries")
+    ap.add_argument("--block", type=int, default=50,
+                    help="queries per block: each operation runs over a block in turn")
     ap.add_argument("--batch", type=int, default=256, help="Memory.add_turns batch when building")
     ap.add_argument("--seed", type=int, default=SEED, help="corpus seed")
     ap.add_argument("--cache", type=Path, default=None,
@@ -303,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                 data_dir, meta = stores[n]
                 c.log(f"size {n:,}: starting the actors on {data_dir}")
                 settings = c.make_settings(data_dir)
-                res = measure(settings, queries, warmup, args.rounds)
+                res = measure(settings, queries, warmup, args.rounds, args.block)
                 res |= {"n": n, "store": meta}
                 results.append(res)
                 c.log(f"  in-process p50 {res['inproc']['p50_ms']:.1f} ms, "
@@ -323,8 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     c.write_json(args.json_out, {
         "benchmark": "actor_recall", "machine": c.machine(), "wall_s": round(wall_s, 1),
         "params": {"sizes": sizes, "queries": args.queries, "warmup": args.warmup,
-                   "rounds": args.rounds, "seed": args.seed, "query_seed": QUERY_SEED,
-                   "now": NOW, "kinds": list(KINDS)},
+                   "rounds": args.rounds, "block": args.block, "seed": args.seed,
+                   "query_seed": QUERY_SEED, "now": NOW, "kinds": list(KINDS)},
         "results": results})
     return 0
 

@@ -70,6 +70,7 @@ def child(args: argparse.Namespace) -> int:
     out: dict[str, Any] = {}
     with c.local_ray(settings) as info:
         marks["ray_init"] = time.monotonic()
+        sup_wall = time.time()
         sup = supervisor.start(settings)
         marks["actors"] = time.monotonic()
         turns = actor(TURNS, settings.runtime.namespace)
@@ -81,12 +82,39 @@ def child(args: argparse.Namespace) -> int:
         out["second_turn_s"] = time.monotonic() - t
         out["reply_provider"] = first.provider
         out["dashboard_url"] = info["dashboard_url"]
+        if info["dashboard_url"]:
+            out["actor_breakdown"] = breakdown(info["dashboard_url"], sup_wall)
         t = time.monotonic()
         c.stop_runtime(sup)
     out["shutdown_s"] = time.monotonic() - t
     out["marks"] = marks
     print("CHILD-RESULT " + json.dumps(out), flush=True)
     return 0
+
+
+def breakdown(dashboard_url: str, t0: float) -> list[dict[str, Any]] | str:
+    """Per actor: when its creation was submitted, when its constructor started
+    (a worker process was ready) and ended, in seconds after supervisor.start was
+    called; from Ray's task events (state API, served by the dashboard)."""
+    import ray
+    from ray.util.state import list_tasks
+
+    job = ray.get_runtime_context().get_job_id()
+    time.sleep(2.5)  # task events reach the GCS about once a second
+    try:
+        tasks = list_tasks(address=f"http://{dashboard_url}", detail=True, limit=1000,
+                           filters=[("job_id", "=", job)], raise_on_missing_output=False)
+    except Exception as exc:  # the state API is a diagnostic only
+        return f"unavailable: {type(exc).__name__}: {exc}"
+    out = []
+    for t in sorted(tasks, key=lambda t: t.creation_time_ms or 0):
+        if t.type != "ACTOR_CREATION_TASK" or not t.start_time_ms or not t.end_time_ms:
+            continue
+        out.append({"actor": t.name.split(":")[0], "submitted_s": round(
+            t.creation_time_ms / 1000 - t0, 3),
+            "started_s": round(t.start_time_ms / 1000 - t0, 3),
+            "ended_s": round(t.end_time_ms / 1000 - t0, 3)})
+    return out
 
 
 # -- the parent -------------------------------------------------------------
@@ -121,7 +149,8 @@ def spawn(dashboard: bool, cache_dir: Path | None, work: Path, label: str) -> di
             "second_turn_s": round(res["second_turn_s"], 3),
             "shutdown_s": round(res["shutdown_s"], 3),
             "process_exit_s": round(t_exit - t_spawn, 3),
-            "provider": res["reply_provider"], "loadavg_before": load}
+            "provider": res["reply_provider"], "loadavg_before": load,
+            "actor_breakdown": res.get("actor_breakdown")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,6 +208,15 @@ def main(argv: list[str] | None = None) -> int:
         cases_summary.append({"dashboard": dash, "cold_cache": cold, "runs": len(sel),
                               "median_phases_s": med, "median_to_first_turn_s": total,
                               "median_second_turn_s": second})
+    shown = next((r for r in runs if isinstance(r.get("actor_breakdown"), list)), None)
+    if shown:
+        print(f"\nactor start-up inside supervisor.start ({shown['label']}; seconds after "
+              "the call; wait = submitted to constructor start, i.e. worker process start):")
+        print(c.table(["actor", "submitted", "ctor start", "ctor end", "wait s", "ctor s"],
+                      [[a["actor"], a["submitted_s"], a["started_s"], a["ended_s"],
+                        round(a["started_s"] - a["submitted_s"], 3),
+                        round(a["ended_s"] - a["started_s"], 3)]
+                       for a in shown["actor_breakdown"]]))
     print()
     print(c.table(["run", "imports s", "ray init s", "actors s", "first turn s", "total s",
                    "2nd turn s", "shutdown s"], rows))
