@@ -104,6 +104,10 @@ def role(pid: int, line: str) -> str:
     first = line.split(" ", 1)[0]
     if first.startswith("ray::") or first.startswith("ray-dashboard-"):
         return first
+    if "multiprocessing.forkserver" in line:
+        return "mp forkserver (dashboard)"
+    if "multiprocessing.resource_tracker" in line:
+        return "mp resource_tracker"
     for name in ("gcs_server", "raylet", "dashboard.py", "log_monitor.py", "monitor.py",
                  "agent.py", "runtime_env_agent", "default_worker.py"):
         if name in line:
