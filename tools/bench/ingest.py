@@ -13,8 +13,9 @@ local Ray node, no dashboard, bounded object store, shared by the runs):
    turns from the driver, ``--inflight`` messages outstanding at a time (1: each
    append waits for the previous reply, like one voice pipeline);
 3. t_ack: the last append returned (every turn committed to SQLite);
-4. call ``transcript.flush`` (waits for the pending "there is news" notification
-   the Transcript actor sent to Recall), then ``recall.sync`` until it reports
+4. call ``transcript.flush`` (waits -- at most 30 s, see actors/common.Notifier --
+   for the pending "there is news" notification the Transcript actor sent to
+   Recall; its duration is reported), then ``recall.sync`` until it reports
    ``added == 0``: every turn is embedded and in the hnswlib index (checked
    against the index count); that is t_indexed.
 
@@ -51,17 +52,24 @@ from runtime.transcript import TurnIn
 WARMUP = 16
 
 
-def catch_up(transcript_h: Any, recall_h: Any) -> tuple[IndexSynced, int]:
-    """Flush the Transcript actor's notification, then sync Recall until nothing is added."""
+def catch_up(transcript_h: Any, recall_h: Any) -> tuple[IndexSynced, dict[str, Any]]:
+    """Flush the Transcript actor's notification, then sync Recall until nothing is added.
+
+    Returns the last reply and how the catching up went: seconds in ``flush``,
+    then the sync calls made and the vectors the first of them still added."""
     import ray
 
+    t = time.perf_counter()
     ray.get(transcript_h.flush.remote(), timeout=900)
-    calls = 0
+    info: dict[str, Any] = {"flush_s": round(time.perf_counter() - t, 3), "sync_calls": 0,
+                            "added_after_flush": 0}
     while True:
         synced: IndexSynced = ray.get(recall_h.sync.remote(SyncIndex()), timeout=900)
-        calls += 1
+        if info["sync_calls"] == 0:
+            info["added_after_flush"] = synced.added
+        info["sync_calls"] += 1
         if synced.added == 0:
-            return synced, calls
+            return synced, info
 
 
 class Prober(threading.Thread):
@@ -123,7 +131,7 @@ def run_one(settings: Settings, turns: list[TurnIn], batch: int, inflight: int,
             ray.get(ref, timeout=300)
             append_ms.append((time.perf_counter() - sent) * 1000)
         t_ack = time.perf_counter()
-        synced, sync_calls = catch_up(transcript_h, recall_h)
+        synced, caught = catch_up(transcript_h, recall_h)
         t_idx = time.perf_counter()
         if prober:
             prober.stop.set()
@@ -140,7 +148,7 @@ def run_one(settings: Settings, turns: list[TurnIn], batch: int, inflight: int,
             "drain_s": round(t_idx - t_ack, 3),
             "acked_turns_per_s": round(n / (t_ack - t0), 1),
             "indexed_turns_per_s": round(n / (t_idx - t0), 1),
-            "append": c.lat_summary(append_ms), "final_sync_calls": sync_calls,
+            "append": c.lat_summary(append_ms), "catch_up": caught,
             "index_turns": indexed, "actors_ready_s": round(actors_s, 2),
             "loadavg_before": load_before, "loadavg_after": load_after,
         }
@@ -185,10 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(work, ignore_errors=True)
 
     headers = ["batch", "turns", "acked t/s", "indexed t/s", "ack s", "indexed s", "drain s",
-               "append p50 ms", "append p99 ms"]
+               "append p50 ms", "append p99 ms", "flush s"]
     rows = [[r["batch"], r["turns"], r["acked_turns_per_s"], r["indexed_turns_per_s"],
              r["ack_s"], r["indexed_s"], r["drain_s"], r["append"]["p50_ms"],
-             r["append"]["p99_ms"]] for r in results]
+             r["append"]["p99_ms"], r["catch_up"]["flush_s"]] for r in results]
     if args.probe_ms > 0:
         headers += ["recall p50 ms", "recall p99 ms", "recall max ms", "probes"]
         for row, r in zip(rows, results):
