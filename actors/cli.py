@@ -140,7 +140,7 @@ def progress(done: int, total: int, label: str) -> None:
     frac = 1.0 if total <= 0 else min(1.0, done / total)
     bar = "#" * int(frac * width)
     end = "\n" if done >= total else ""
-    print(f"\r{label} [{bar:<{width}}] {done}/{total}", end=end, file=sys.stderr, flush=True)
+    print(f"\r{label:<7}[{bar:<{width}}] {done}/{total}", end=end, file=sys.stderr, flush=True)
 
 
 # -- commands ---------------------------------------------------------------
@@ -359,7 +359,7 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
     for start in range(0, len(turns), IMPORT_BATCH):
         _call(ray, settings, "transcript", "append",
               AppendTurns(turns=turns[start:start + IMPORT_BATCH], writer="import"))
-        progress(min(start + IMPORT_BATCH, len(turns)), len(turns), "import ")
+        progress(min(start + IMPORT_BATCH, len(turns)), len(turns), "import")
     _reindex_progress(ray, settings)
     print(f"imported {len(turns)} turns from {path}")
     return 0
@@ -372,12 +372,12 @@ def _reindex_progress(ray: Any, settings: Settings) -> None:
     total, done = int(first), 0
     while True:
         synced = _call(ray, settings, "recall", "sync", SyncIndex(limit=256), timeout=600)
-        done += synced.added
-        progress(min(done, total), total, "index  ")
         if synced.added == 0:
-            if done < total:
-                progress(total, total, "index  ")
+            if done < total:  # fewer were pending than counted: finish the bar
+                progress(total, total, "index")
             return
+        done += synced.added
+        progress(min(done, total), total, "index")
 
 
 def cmd_reindex(args: argparse.Namespace, settings: Settings) -> int:

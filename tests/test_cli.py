@@ -133,7 +133,7 @@ def test_import_shows_progress_and_is_idempotent(running: dict[str, str],
          "created_at": 1_600_000_000 + i}) for i in range(300)) + "\n")
     first = reverie(running, "import", str(history))
     assert first.returncode == 0, first.stderr
-    assert "import  [" in first.stderr and "300/300" in first.stderr
+    assert "import [" in first.stderr and "300/300" in first.stderr
     assert "imported 300 turns" in first.stdout
     counts = json.loads(reverie(running, "status", "--json").stdout)["counts"]
     again = reverie(running, "import", str(history))
@@ -149,6 +149,10 @@ def test_reindex_reembeds_with_progress(running: dict[str, str]) -> None:
     before = reverie(running, "recall", "bees on the roof")
     result = reverie(running, "reindex", "--reembed")
     assert result.returncode == 0, result.stderr
-    assert "index  [" in result.stderr
+    bars = [line for line in result.stderr.replace("\r", "\n").splitlines()
+            if line.startswith("index  [")]
+    assert bars
+    done, total = bars[-1].split()[-1].split("/")
+    assert done == total and int(total) > 0  # the bar ends full
     after = reverie(running, "recall", "bees on the roof")
     assert after.returncode == 0 and after.stdout == before.stdout
