@@ -53,13 +53,7 @@ class TranscriptActor:
         return Ack()
 
     def counts(self) -> dict[str, int]:
-        return {
-            "transcript": int(self.store.scalar("SELECT count(*) FROM transcript")),
-            "episodes": int(self.store.scalar(
-                "SELECT count(*) FROM episodes WHERE tombstoned_at IS NULL")),
-            "facts": int(self.store.scalar(
-                "SELECT count(*) FROM facts WHERE valid_to IS NULL AND disabled = 0")),
-        }
+        return self.store.counts()
 
     def flush(self) -> Ack:
         self.notify_recall.flush()

@@ -113,11 +113,4 @@ class Memory:
                                     exclude=exclude)
 
     def counts(self) -> dict[str, int]:
-        return {
-            "transcript": int(self.store.scalar("SELECT count(*) FROM transcript")),
-            "episodes": int(self.store.scalar(
-                "SELECT count(*) FROM episodes WHERE tombstoned_at IS NULL")),
-            "facts": int(self.store.scalar(
-                "SELECT count(*) FROM facts WHERE valid_to IS NULL AND disabled = 0")),
-            "vectors": int(self.store.scalar("SELECT count(*) FROM vectors")),
-        }
+        return self.store.counts()

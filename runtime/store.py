@@ -182,6 +182,17 @@ class Store:
             self._log(writer, "delete", table, row_id, before, None)
         return before
 
+    def counts(self) -> dict[str, int]:
+        """How much memory there is: transcript rows, live episodes, current facts."""
+        return {
+            "transcript": int(self.scalar("SELECT count(*) FROM transcript")),
+            "episodes": int(self.scalar(
+                "SELECT count(*) FROM episodes WHERE tombstoned_at IS NULL")),
+            "facts": int(self.scalar(
+                "SELECT count(*) FROM facts WHERE valid_to IS NULL AND disabled = 0")),
+            "vectors": int(self.scalar("SELECT count(*) FROM vectors")),
+        }
+
     # -- vectors (derived data: not in the write log) ----------------------
 
     def put_vector(self, kind: str, item_id: int, model: str, vec: bytes) -> tuple[int, int | None]:
