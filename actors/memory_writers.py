@@ -39,7 +39,7 @@ class EpisodesActor:
         self.namespace = settings.runtime.namespace
         self.store = open_store(settings)
         self.episodes = EpisodeService(self.store, load_profiles(settings))
-        self.notify_recall = Notifier(self.namespace, RECALL, "sync")
+        self.notify_recall = Notifier(self.namespace, RECALL, "sync_some")
 
     def add(self, msg: AddEpisode) -> EpisodeWritten:
         try:
@@ -62,7 +62,7 @@ class GraphActor:
         self.store = open_store(settings)
         self.profiles = load_profiles(settings)
         self.graph = GraphService(self.store, FactKinds.load(settings.memory.fact_kinds_file))
-        self.notify_recall = Notifier(settings.runtime.namespace, RECALL, "sync")
+        self.notify_recall = Notifier(settings.runtime.namespace, RECALL, "sync_some")
 
     def add(self, msg: AddFact) -> FactWritten:
         """Write a fact; an unknown kind or a source that may not feed facts is refused."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 
+import ray
+
 from actors.common import EMBEDDER, actor, open_store, setup_logging
 from actors.embedder import RemoteEmbedder
 from actors.messages import Ack, DropFromIndex, IndexSynced, Recall, Recalled, SyncIndex
@@ -15,6 +17,7 @@ from runtime.vector_index import KINDS, VectorIndex
 
 log = logging.getLogger(__name__)
 
+SYNC_STEP = 128  # items indexed per notification before recall requests get a turn
 SAVE_EVERY = 5000  # vectors added between index saves (the database is the truth)
 
 
@@ -54,6 +57,14 @@ class RecallActor:
         cleared = self.indexer.clear()
         self.index.save()
         return Ack(detail=f"{cleared} vectors dropped")
+
+    def sync_some(self, msg: None = None) -> IndexSynced:
+        """A writer's notification: index a bounded amount, then queue the rest
+        behind whatever is waiting, so recall never waits for a whole backlog."""
+        synced = self.sync(SyncIndex(limit=SYNC_STEP))
+        if synced.added >= SYNC_STEP:
+            ray.get_runtime_context().current_actor.sync_some.remote()
+        return synced
 
     def drop(self, msg: DropFromIndex) -> Ack:
         self.indexer.drop(msg.kind, msg.item_id)

@@ -28,7 +28,7 @@ class TranscriptActor:
         self.store = open_store(settings)
         self.profiles = load_profiles(settings)
         self.transcript = TranscriptService(self.store)
-        self.notify_recall = Notifier(settings.runtime.namespace, RECALL, "sync")
+        self.notify_recall = Notifier(settings.runtime.namespace, RECALL, "sync_some")
 
     def append(self, msg: AppendTurns) -> TurnsAppended:
         """Commit the turns (all or nothing), then tell Recall there is news."""
