@@ -64,11 +64,7 @@ class Indexer:
         self._checked: dict[str, int] = {"turn": 0, "episode": 0, "fact": 0}
 
     def pending_count(self) -> int:
-        total = 0
-        for kind, sql in _PENDING.items():
-            total += len(self.store.rows(sql, (0, 1 << 62)))
-            del kind
-        return total
+        return sum(len(self.store.rows(sql, (0, 1 << 62))) for sql in _PENDING.values())
 
     def sync(self, progress: Progress | None = None, limit: int | None = None) -> int:
         """Embed and index memory items that have no vector (all of them, or up to

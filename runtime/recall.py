@@ -13,6 +13,7 @@ fails, recall degrades to a deterministic keyword-only top-N.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -363,8 +364,6 @@ class Recaller:
 
 
 def _fact_turns(provenance: str) -> tuple[int, ...]:
-    import json
-
     try:
         refs: Any = json.loads(provenance or "[]")
     except ValueError:
