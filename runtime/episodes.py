@@ -4,6 +4,10 @@ Leaf (0) episodes are distilled from transcript windows; topic super-episodes
 (1) and era digests (2) roll them up. Rolled-up children are tombstoned, kept
 briefly for provenance and hard-deleted after 30 days. This module holds the
 storage rules; distillation and clustering are jobs built on it.
+
+A user can disable an episode (hidden from recall and the index, reversibly)
+or forget it: the row, its citations, FTS terms and vector go, and the write
+log keeps only that it existed (:meth:`runtime.store.Store.forget`).
 """
 
 from __future__ import annotations
@@ -53,7 +57,7 @@ class EpisodeService:
         if episode.level == 0 and episode.children:
             raise ValueError("a leaf episode has no children")
         now = self.store.clock.now()
-        with self.store.transaction():
+        with self.store.write_transaction():
             episode_id = self.store.insert(writer, "episodes", {
                 "channel": episode.channel, "source": episode.source,
                 "level": episode.level, "gist": episode.gist,
@@ -63,10 +67,8 @@ class EpisodeService:
                 "last_relevant_at": now, "created_at": now,
             })
             for turn_id in sorted(set(episode.cites)):
-                self.store.conn.execute(
-                    "INSERT INTO episode_citations (episode_id, transcript_id) VALUES (?, ?)",
-                    (episode_id, turn_id),
-                )
+                self.store.insert(writer, "episode_citations",
+                                  {"episode_id": episode_id, "transcript_id": turn_id})
             for child in episode.children:
                 self.store.update(writer, "episodes", child,
                                   {"parent_id": episode_id, "tombstoned_at": now})
@@ -74,6 +76,16 @@ class EpisodeService:
 
     def get(self, episode_id: int) -> Row | None:
         return self.store.get("episodes", episode_id)
+
+    def set_disabled(self, episode_id: int, disabled: bool, writer: str = WRITER) -> Row:
+        """Hide an episode from recall and the index (or show it again); reversible."""
+        return self.store.update(writer, "episodes", episode_id, {"disabled": int(disabled)})
+
+    def forget(self, episode_id: int, writer: str = WRITER) -> Row | None:
+        """Delete an episode for good, content scrubbed from the write log; return
+        it, or None if there was none. Its citations go with it (they hold only
+        ids); episodes it rolled up lose their parent and stay tombstoned."""
+        return self.store.forget(writer, "episodes", episode_id)
 
     def citations(self, episode_id: int) -> list[int]:
         return [r[0] for r in self.store.conn.execute(
@@ -88,10 +100,10 @@ class EpisodeService:
     def purge_tombstones(self, writer: str = WRITER) -> int:
         """Hard-delete tombstoned episodes older than 30 days."""
         now = self.store.clock.now()
-        ids = [r["id"] for r in self.store.rows(
-            "SELECT id, tombstoned_at FROM episodes WHERE tombstoned_at IS NOT NULL")
-            if tombstone_expired(r["tombstoned_at"], now)]
-        with self.store.transaction():
+        with self.store.write_transaction():
+            ids = [r["id"] for r in self.store.rows(
+                "SELECT id, tombstoned_at FROM episodes WHERE tombstoned_at IS NOT NULL")
+                if tombstone_expired(r["tombstoned_at"], now)]
             for episode_id in ids:
                 self.store.delete(writer, "episodes", episode_id)
         return len(ids)

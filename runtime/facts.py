@@ -2,10 +2,29 @@
 
 Facts carry two timelines: ``valid_from``/``valid_to`` (when it was true in the
 world) and ``recorded_at`` (when we learned it). A write with a kind outside
-the closed set is rejected. A contradiction (same subject and key, another
-value) closes the old fact's validity window and opens a new one; history is
-never deleted by this path. Resolution is a pure function (:func:`resolve`),
-testable without storage or an LLM.
+the closed set, or from a source whose profile does not feed facts, is
+refused. Resolution is a pure function (:func:`resolve`), testable without
+storage or an LLM; :meth:`GraphService.add` applies it. The rules the graph
+keeps, whatever the sequence of writes, disables and deletes:
+
+- **One current fact per subject and key.** The current fact is the one with an
+  open window, disabled or not: disabling hides a fact from recall, it does not
+  take it out of resolution, so a later write reinforces or supersedes it.
+- **Windows never overlap.** A new window starts no earlier than the subject
+  and key's recorded history ends; a contradiction closes the old window where
+  the new one starts.
+- **History never drops a claim.** A contradiction that wins closes the old
+  window. One that loses (lower confidence, or against a seared or
+  user-managed fact) is still recorded: an empty window (``valid_to =
+  valid_from``: never in force) with ``superseded_by`` naming the fact that
+  beat it. Only an explicit :meth:`GraphService.delete` removes history.
+- **Confidence is the mean of the claims.** Restating a fact counts one more
+  claim (``claims``) and moves its confidence to the mean confidence of every
+  claim that asserted it. A single strong claim therefore never pins a fact
+  at its confidence: weaker restatements pull it down, and a later
+  contradiction is weighed against what the evidence as a whole supports
+  (the old ``max`` ratchet let one 0.9 claim silently drop every later
+  contradiction below 0.9).
 """
 
 from __future__ import annotations
@@ -18,7 +37,9 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.decay import MemoryLevel
+from runtime.episodes import MutedSource
 from runtime.fact_kinds import FactKinds
+from runtime.profiles import MemoryProfiles
 from runtime.store import Row, Store
 
 log = logging.getLogger(__name__)
@@ -45,6 +66,8 @@ class FactIn(BaseModel):
 class Resolution:
     action: Literal["insert", "reinforce", "supersede", "keep"]
     existing_id: int | None = None
+    # For "keep": the history row that records the claim that lost.
+    claim_id: int | None = None
 
 
 def _same_value(a: str, b: str) -> bool:
@@ -54,10 +77,11 @@ def _same_value(a: str, b: str) -> bool:
 def resolve(current: Row | None, new: FactIn) -> Resolution:
     """Decide what a new fact does to the current fact for the same subject/key.
 
-    - nothing current: insert;
+    - nothing current (disabled counts as current): insert;
     - same value: reinforce the current one (no new row);
-    - a seared or user-managed current fact is never replaced by a weaker,
-      non-user write: keep it (the new claim is dropped);
+    - a seared or user-managed current fact is never replaced by a non-user
+      write, nor any fact by a non-user claim of lower confidence: keep it
+      (the claim that lost is recorded as history, see the module docstring);
     - otherwise a different value supersedes: the old window closes."""
     if current is None:
         return Resolution("insert")
@@ -72,47 +96,70 @@ def resolve(current: Row | None, new: FactIn) -> Resolution:
 
 
 class GraphService:
-    def __init__(self, store: Store, kinds: FactKinds) -> None:
+    def __init__(self, store: Store, kinds: FactKinds, profiles: MemoryProfiles) -> None:
         self.store = store
         self.kinds = kinds
+        self.profiles = profiles
 
     def current(self, subject: str, key: str) -> Row | None:
+        """The fact with an open window for this subject and key, disabled or not."""
         return self.store.row(
             "SELECT * FROM facts WHERE subject = ? AND key = ? AND valid_to IS NULL"
-            " AND disabled = 0 ORDER BY id DESC LIMIT 1", (subject, key))
+            " ORDER BY id DESC LIMIT 1", (subject, key))
+
+    def _start(self, fact: FactIn, now: float) -> float:
+        """Where the new claim's window starts: when it says, but never inside
+        the subject and key's recorded history."""
+        wanted = now if fact.valid_from is None else fact.valid_from
+        history_end = self.store.scalar(
+            "SELECT max(coalesce(valid_to, valid_from)) FROM facts"
+            " WHERE subject = ? AND key = ?", (fact.subject, fact.key))
+        return wanted if history_end is None else max(wanted, float(history_end))
 
     def add(self, fact: FactIn, writer: str = WRITER) -> tuple[int, Resolution]:
         """Write a fact; returns the id of the fact now current and what happened.
 
-        Raises :class:`runtime.fact_kinds.UnknownFactKind` for a kind outside the set."""
+        Raises :class:`runtime.fact_kinds.UnknownFactKind` for a kind outside the
+        set and :class:`runtime.episodes.MutedSource` for a source whose profile
+        does not feed facts (both are ValueErrors)."""
         self.kinds.policy(fact.kind)  # raises UnknownFactKind
+        if not self.profiles.for_source(fact.source).facts:
+            raise MutedSource(f"source {fact.source!r} does not feed facts")
         now = self.store.clock.now()
-        valid_from = now if fact.valid_from is None else fact.valid_from
-        with self.store.transaction():
+        with self.store.write_transaction():
             current = self.current(fact.subject, fact.key)
             decision = resolve(current, fact)
-            if decision.action in ("reinforce", "keep"):
+            if decision.action == "reinforce":
                 assert current is not None
-                if decision.action == "reinforce":
-                    self.store.update(writer, "facts", current["id"], {
-                        "confirmed_at": now,
-                        "confidence": max(current["confidence"], fact.confidence),
-                    })
+                self._reinforce(current, fact, now, writer)
                 return current["id"], decision
-            new_id = self.store.insert(writer, "facts", {
+            start = self._start(fact, now)
+            values: dict[str, object] = {
                 "kind": fact.kind, "subject": fact.subject, "key": fact.key,
                 "value": fact.value, "confidence": fact.confidence, "source": fact.source,
-                "provenance": json.dumps(fact.provenance), "valid_from": valid_from,
+                "provenance": json.dumps(fact.provenance), "valid_from": start,
                 "recorded_at": now, "confirmed_at": now,
                 "memory_level": fact.memory_level, "user_managed": int(fact.user_managed),
-            })
+            }
+            if decision.action == "keep":  # the claim lost: history, never in force
+                assert current is not None
+                claim_id = self.store.insert(writer, "facts", {
+                    **values, "valid_to": start, "superseded_by": current["id"]})
+                return current["id"], Resolution("keep", current["id"], claim_id)
+            new_id = self.store.insert(writer, "facts", values)
             if decision.action == "supersede":
                 assert current is not None
-                self.store.update(writer, "facts", current["id"], {
-                    "valid_to": max(valid_from, current["valid_from"]),
-                    "superseded_by": new_id,
-                })
+                self.store.update(writer, "facts", current["id"],
+                                  {"valid_to": start, "superseded_by": new_id})
         return new_id, decision
+
+    def _reinforce(self, current: Row, fact: FactIn, now: float, writer: str) -> None:
+        claims = int(current["claims"])
+        mean = (current["confidence"] * claims + fact.confidence) / (claims + 1)
+        self.store.update(writer, "facts", current["id"], {
+            "confirmed_at": now, "claims": claims + 1,
+            "confidence": min(1.0, max(0.0, mean)),
+        })
 
     def get(self, fact_id: int) -> Row | None:
         return self.store.get("facts", fact_id)
@@ -123,15 +170,20 @@ class GraphService:
             (subject, key))
 
     def disable(self, fact_id: int, writer: str = WRITER) -> Row:
-        """Hide a fact from recall without deleting it (reversible)."""
+        """Hide a fact from recall without deleting it (reversible). It stays in
+        resolution: a disabled current fact is still the current fact."""
         return self.store.update(writer, "facts", fact_id, {"disabled": 1})
 
     def enable(self, fact_id: int, writer: str = WRITER) -> Row:
         return self.store.update(writer, "facts", fact_id, {"disabled": 0})
 
     def delete(self, fact_id: int, writer: str = WRITER) -> Row | None:
-        """Remove a fact for good (explicit user delete; the write log keeps the before)."""
-        with self.store.transaction():
-            self.store.conn.execute(
-                "UPDATE facts SET superseded_by = NULL WHERE superseded_by = ?", (fact_id,))
-            return self.store.delete(writer, "facts", fact_id)
+        """Remove a fact for good (explicit user delete): the row goes, and the
+        write log keeps only that it existed (:meth:`Store.forget`). Facts it
+        superseded keep their closed windows; none is reopened, since deleting a
+        claim does not make an older one true again."""
+        with self.store.write_transaction():
+            for row in self.store.rows(
+                    "SELECT id FROM facts WHERE superseded_by = ?", (fact_id,)):
+                self.store.update(writer, "facts", row["id"], {"superseded_by": None})
+            return self.store.forget(writer, "facts", fact_id)

@@ -6,8 +6,11 @@ yet, stores the vectors in the ``vectors`` table and adds them to the hnswlib
 indexes. A crash between a row's commit and its vector loses nothing: the next
 sync (at the latest on the next open) picks the row up.
 
-What is indexed: transcript rows marked as memory, live (untombstoned)
-episodes, and current facts (open validity window, not disabled).
+What is indexed: transcript rows marked as memory and not disabled, live
+(untombstoned, not disabled) episodes, and current facts (open validity window,
+not disabled). Ids are never reused (AUTOINCREMENT), so looking only past the
+last id checked misses nothing new; an item enabled again is handed back with
+:meth:`Indexer.recheck`.
 """
 
 from __future__ import annotations
@@ -28,12 +31,12 @@ Progress = Callable[[int, int], None]
 _PENDING: dict[str, str] = {
     "turn": """
         SELECT t.id, t.speaker, t.role, t.content FROM transcript t
-        WHERE t.memory = 1 AND t.id > ? AND NOT EXISTS (
+        WHERE t.memory = 1 AND t.disabled = 0 AND t.id > ? AND NOT EXISTS (
             SELECT 1 FROM vectors v WHERE v.kind = 'turn' AND v.item_id = t.id)
         ORDER BY t.id LIMIT ?""",
     "episode": """
         SELECT e.id, e.gist FROM episodes e
-        WHERE e.tombstoned_at IS NULL AND e.id > ? AND NOT EXISTS (
+        WHERE e.tombstoned_at IS NULL AND e.disabled = 0 AND e.id > ? AND NOT EXISTS (
             SELECT 1 FROM vectors v WHERE v.kind = 'episode' AND v.item_id = e.id)
         ORDER BY e.id LIMIT ?""",
     "fact": """
@@ -85,11 +88,16 @@ class Indexer:
                     progress(done, total)
         return done
 
+    def recheck(self, kind: str, item_id: int) -> None:
+        """Look at ``item_id`` again on the next sync (it was enabled again, or
+        its content changed)."""
+        self._checked[kind] = min(self._checked[kind], item_id - 1)
+
     def put(self, kind: str, item_ids: list[int], vecs: np.ndarray) -> list[int]:
         """Store vectors for items (replacing older ones) and index them."""
         replaced: list[int] = []
         labels: list[int] = []
-        with self.store.transaction():
+        with self.store.write_transaction():
             for item_id, vec in zip(item_ids, vecs):
                 label, old = self.store.put_vector(
                     kind, item_id, self.embedder.name, vec.astype(np.float32).tobytes())
@@ -103,8 +111,9 @@ class Indexer:
 
     def clear(self) -> int:
         """Forget every vector; the next syncs re-embed everything."""
-        rows = self.store.rows("SELECT id, kind FROM vectors")
-        self.store.conn.execute("DELETE FROM vectors")
+        with self.store.write_transaction():
+            rows = self.store.rows("SELECT id, kind FROM vectors")
+            self.store.conn.execute("DELETE FROM vectors")
         for row in rows:
             self.index.remove(row["kind"], row["id"])
         self._checked = dict.fromkeys(self._checked, 0)
@@ -112,18 +121,19 @@ class Indexer:
 
     def drop(self, kind: str, item_id: int) -> None:
         """Forget an item's vector (it was tombstoned, deleted or superseded)."""
-        label = self.store.scalar(
-            "SELECT id FROM vectors WHERE kind = ? AND item_id = ?", (kind, item_id))
-        if label is None:
-            return
-        self.store.conn.execute("DELETE FROM vectors WHERE id = ?", (label,))
+        with self.store.write_transaction():
+            label = self.store.scalar(
+                "SELECT id FROM vectors WHERE kind = ? AND item_id = ?", (kind, item_id))
+            if label is None:
+                return
+            self.store.conn.execute("DELETE FROM vectors WHERE id = ?", (label,))
         self.index.remove(kind, int(label))
 
     def drop_stale_models(self) -> int:
         """Delete vectors made by another embedding model; sync re-embeds them."""
-        stale = self.store.rows(
-            "SELECT id, kind FROM vectors WHERE model != ?", (self.embedder.name,))
-        with self.store.transaction():
+        with self.store.write_transaction():
+            stale = self.store.rows(
+                "SELECT id, kind FROM vectors WHERE model != ?", (self.embedder.name,))
             for row in stale:
                 self.store.conn.execute("DELETE FROM vectors WHERE id = ?", (row["id"],))
         for row in stale:

@@ -9,6 +9,8 @@ tests use :class:`Memory` directly.
 Writes commit their rows first, then :class:`runtime.indexing.Indexer`
 embeds and indexes what is new. A crash in between loses nothing: the rows
 are durable and the next sync (at the latest on the next open) embeds them.
+:meth:`Memory.change` disables, enables or forgets an item, keeping the vector
+index in step.
 """
 
 from __future__ import annotations
@@ -17,15 +19,16 @@ import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from runtime.clock import Clock, SystemClock
+from runtime.clock import Clock, SystemClock, household_zone
 from runtime.config import Settings
 from runtime.embedder import Embedder, make_embedder
-from runtime.episodes import EpisodeIn, EpisodeService, MutedSource
+from runtime.episodes import EpisodeIn, EpisodeService
 from runtime.fact_kinds import FactKinds
 from runtime.facts import FactIn, GraphService, Resolution
 from runtime.indexing import Indexer, Progress
 from runtime.profiles import MemoryProfiles
 from runtime.recall import Recaller, RecallResult
+from runtime.refs import Action, Match, Ref, Services, change, find_matching
 from runtime.store import Store
 from runtime.transcript import TranscriptService, TurnIn
 from runtime.vector_index import VectorIndex
@@ -52,11 +55,13 @@ class Memory:
                                  self.embedder.dim)
         self.indexer = Indexer(self.store, self.index, self.embedder,
                                batch=settings.embedder.batch_size)
-        self.transcript = TranscriptService(self.store)
+        self.transcript = TranscriptService(self.store, self.profiles)
         self.episodes = EpisodeService(self.store, self.profiles)
-        self.graph = GraphService(self.store, self.kinds)
+        self.graph = GraphService(self.store, self.kinds, self.profiles)
+        self.services = Services(self.transcript, self.episodes, self.graph)
         self.recaller = Recaller(self.store, self.index, self.embedder, self.kinds,
-                                 settings.recall, self.clock)
+                                 settings.recall, self.clock,
+                                 household_zone(settings.household.timezone))
         self.indexer.drop_stale_models()
         self.indexer.sync(progress)
 
@@ -82,9 +87,8 @@ class Memory:
 
     def add_turns(self, turns: Sequence[TurnIn], writer: str = "transcript") -> list[int]:
         """Append turns (all or nothing); those whose source is memory get indexed."""
-        with self.store.transaction():
-            ids = [self.transcript.append(
-                t, writer, memory=self.profiles.for_source(t.source).remembered) for t in turns]
+        with self.store.write_transaction():
+            ids = [self.transcript.append(t, writer) for t in turns]
         self.indexer.sync()
         return ids
 
@@ -99,11 +103,26 @@ class Memory:
         return episode_id
 
     def add_fact(self, fact: FactIn, writer: str = "graph") -> tuple[int, Resolution]:
-        if not self.profiles.for_source(fact.source).facts:
-            raise MutedSource(f"source {fact.source!r} does not feed facts")
+        """Write a fact; a source whose profile does not feed facts raises MutedSource."""
         fact_id, decision = self.graph.add(fact, writer)
         self.indexer.sync()
         return fact_id, decision
+
+    def change(self, ref: Ref, action: Action, writer: str = "user") -> None:
+        """Disable, enable or delete (forget) a memory item; its vector follows."""
+        if action != "enable":  # out of the index first: the delete takes the row
+            self.indexer.drop(ref.kind, ref.id)
+        try:
+            change(self.services, ref, action, writer)
+        except BaseException:
+            self.indexer.recheck(ref.kind, ref.id)  # unchanged: the next sync re-embeds it
+            raise
+        if action == "enable":
+            self.indexer.recheck(ref.kind, ref.id)
+            self.indexer.sync()
+
+    def find_matching(self, text: str, limit: int = 20) -> list[Match]:
+        return find_matching(self.store, text, limit)
 
     # -- reads ------------------------------------------------------------
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 
 import apsw
 
@@ -230,6 +231,174 @@ MIGRATIONS: list[tuple[str, str]] = [
             WHERE request_id IS NOT NULL;
         """,
     ),
+    (
+        "0007_ids_never_reused",
+        """
+        -- Transcript, episode and fact ids are never handed out again once used
+        -- (AUTOINCREMENT): the indexer looks only past the last id it checked,
+        -- so a reused id would never be indexed. The three tables are rebuilt
+        -- (rows, ids, indexes, triggers and foreign keys kept; migrate() runs
+        -- this with foreign keys off and checks them before committing), and
+        -- sqlite_sequence is seeded past every id the write log has seen, so an
+        -- id deleted before this step is not reused either.
+        -- Also: turns and episodes can be disabled (hidden, reversibly), and
+        -- facts count the claims that asserted them (confidence is their mean).
+        CREATE TABLE transcript_new (
+            id          INTEGER PRIMARY KEY AUTOINCREMENT,
+            channel     TEXT NOT NULL,
+            source      TEXT NOT NULL,
+            role        TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'system', 'tool')),
+            speaker     TEXT,
+            content     TEXT NOT NULL,
+            created_at  REAL NOT NULL,
+            lat         REAL,
+            lon         REAL,
+            accuracy_m  REAL,
+            place       TEXT,
+            external_id TEXT,
+            citations   TEXT NOT NULL DEFAULT '[]',
+            memory      INTEGER NOT NULL DEFAULT 0,  -- its source's profile made it memory
+            request_id  TEXT,
+            disabled    INTEGER NOT NULL DEFAULT 0
+        );
+        INSERT INTO transcript_new (id, channel, source, role, speaker, content, created_at,
+                                    lat, lon, accuracy_m, place, external_id, citations,
+                                    memory, request_id)
+        SELECT id, channel, source, role, speaker, content, created_at, lat, lon, accuracy_m,
+               place, external_id, citations, memory, request_id FROM transcript;
+        DROP TABLE transcript;
+        ALTER TABLE transcript_new RENAME TO transcript;
+        CREATE INDEX transcript_channel_time ON transcript (channel, created_at, id);
+        CREATE UNIQUE INDEX transcript_request ON transcript (request_id)
+            WHERE request_id IS NOT NULL;
+
+        CREATE TABLE episodes_new (
+            id               INTEGER PRIMARY KEY AUTOINCREMENT,
+            channel          TEXT NOT NULL,
+            source           TEXT NOT NULL,
+            level            INTEGER NOT NULL CHECK (level IN (0, 1, 2)),
+            gist             TEXT NOT NULL,
+            salience         INTEGER NOT NULL DEFAULT 5 CHECK (salience BETWEEN 1 AND 10),
+            emotion          TEXT,
+            memory_level     TEXT NOT NULL DEFAULT 'normal'
+                             CHECK (memory_level IN ('faint', 'normal', 'vivid', 'seared')),
+            weight           REAL NOT NULL DEFAULT 1.0,
+            started_at       REAL,
+            ended_at         REAL,
+            last_relevant_at REAL NOT NULL,
+            created_at       REAL NOT NULL,
+            parent_id        INTEGER REFERENCES episodes (id) ON DELETE SET NULL,
+            tombstoned_at    REAL,
+            disabled         INTEGER NOT NULL DEFAULT 0
+        );
+        INSERT INTO episodes_new (id, channel, source, level, gist, salience, emotion,
+                                  memory_level, weight, started_at, ended_at, last_relevant_at,
+                                  created_at, parent_id, tombstoned_at)
+        SELECT id, channel, source, level, gist, salience, emotion, memory_level, weight,
+               started_at, ended_at, last_relevant_at, created_at, parent_id, tombstoned_at
+        FROM episodes;
+        DROP TABLE episodes;
+        ALTER TABLE episodes_new RENAME TO episodes;
+        CREATE INDEX episodes_apex ON episodes (channel, level) WHERE parent_id IS NULL;
+
+        CREATE TABLE facts_new (
+            id            INTEGER PRIMARY KEY AUTOINCREMENT,
+            kind          TEXT NOT NULL REFERENCES fact_kinds (name),
+            subject       TEXT NOT NULL,
+            key           TEXT NOT NULL,
+            value         TEXT NOT NULL,
+            confidence    REAL NOT NULL DEFAULT 0.7 CHECK (confidence BETWEEN 0 AND 1),
+            source        TEXT NOT NULL,
+            provenance    TEXT NOT NULL DEFAULT '[]',
+            valid_from    REAL NOT NULL,
+            valid_to      REAL,
+            recorded_at   REAL NOT NULL,
+            confirmed_at  REAL NOT NULL,
+            superseded_by INTEGER REFERENCES facts (id),
+            disabled      INTEGER NOT NULL DEFAULT 0,
+            memory_level  TEXT NOT NULL DEFAULT 'normal'
+                          CHECK (memory_level IN ('faint', 'normal', 'vivid', 'seared')),
+            user_managed  INTEGER NOT NULL DEFAULT 0,
+            weight        REAL NOT NULL DEFAULT 1.0,
+            claims        INTEGER NOT NULL DEFAULT 1 CHECK (claims >= 1),
+            CHECK (valid_to IS NULL OR valid_to >= valid_from)
+        );
+        INSERT INTO facts_new (id, kind, subject, key, value, confidence, source, provenance,
+                               valid_from, valid_to, recorded_at, confirmed_at, superseded_by,
+                               disabled, memory_level, user_managed, weight)
+        SELECT id, kind, subject, key, value, confidence, source, provenance, valid_from,
+               valid_to, recorded_at, confirmed_at, superseded_by, disabled, memory_level,
+               user_managed, weight FROM facts;
+        DROP TABLE facts;
+        ALTER TABLE facts_new RENAME TO facts;
+        CREATE INDEX facts_current ON facts (subject, key) WHERE valid_to IS NULL;
+        CREATE INDEX facts_kind ON facts (kind);
+        CREATE INDEX facts_superseded ON facts (superseded_by) WHERE superseded_by IS NOT NULL;
+
+        -- The triggers went with the old tables: the same ones again.
+        CREATE TRIGGER transcript_vector_gone AFTER DELETE ON transcript BEGIN
+            DELETE FROM vectors WHERE kind = 'turn' AND item_id = old.id;
+        END;
+        CREATE TRIGGER episode_vector_gone AFTER DELETE ON episodes BEGIN
+            DELETE FROM vectors WHERE kind = 'episode' AND item_id = old.id;
+        END;
+        CREATE TRIGGER fact_vector_gone AFTER DELETE ON facts BEGIN
+            DELETE FROM vectors WHERE kind = 'fact' AND item_id = old.id;
+        END;
+        CREATE TRIGGER transcript_fts_ai AFTER INSERT ON transcript BEGIN
+            INSERT INTO transcript_fts (rowid, content, speaker)
+            VALUES (new.id, new.content, coalesce(new.speaker, ''));
+        END;
+        CREATE TRIGGER transcript_fts_ad AFTER DELETE ON transcript BEGIN
+            INSERT INTO transcript_fts (transcript_fts, rowid, content, speaker)
+            VALUES ('delete', old.id, old.content, coalesce(old.speaker, ''));
+        END;
+        CREATE TRIGGER transcript_fts_au AFTER UPDATE OF content, speaker ON transcript BEGIN
+            INSERT INTO transcript_fts (transcript_fts, rowid, content, speaker)
+            VALUES ('delete', old.id, old.content, coalesce(old.speaker, ''));
+            INSERT INTO transcript_fts (rowid, content, speaker)
+            VALUES (new.id, new.content, coalesce(new.speaker, ''));
+        END;
+        CREATE TRIGGER episodes_fts_ai AFTER INSERT ON episodes BEGIN
+            INSERT INTO episodes_fts (rowid, gist) VALUES (new.id, new.gist);
+        END;
+        CREATE TRIGGER episodes_fts_ad AFTER DELETE ON episodes BEGIN
+            INSERT INTO episodes_fts (episodes_fts, rowid, gist)
+            VALUES ('delete', old.id, old.gist);
+        END;
+        CREATE TRIGGER episodes_fts_au AFTER UPDATE OF gist ON episodes BEGIN
+            INSERT INTO episodes_fts (episodes_fts, rowid, gist)
+            VALUES ('delete', old.id, old.gist);
+            INSERT INTO episodes_fts (rowid, gist) VALUES (new.id, new.gist);
+        END;
+        CREATE TRIGGER facts_fts_ai AFTER INSERT ON facts BEGIN
+            INSERT INTO facts_fts (rowid, subject, key, value)
+            VALUES (new.id, new.subject, new.key, new.value);
+        END;
+        CREATE TRIGGER facts_fts_ad AFTER DELETE ON facts BEGIN
+            INSERT INTO facts_fts (facts_fts, rowid, subject, key, value)
+            VALUES ('delete', old.id, old.subject, old.key, old.value);
+        END;
+        CREATE TRIGGER facts_fts_au AFTER UPDATE OF subject, key, value ON facts BEGIN
+            INSERT INTO facts_fts (facts_fts, rowid, subject, key, value)
+            VALUES ('delete', old.id, old.subject, old.key, old.value);
+            INSERT INTO facts_fts (rowid, subject, key, value)
+            VALUES (new.id, new.subject, new.key, new.value);
+        END;
+
+        -- Never hand out an id a row once had, even one deleted before this step.
+        DELETE FROM sqlite_sequence WHERE name IN ('transcript', 'episodes', 'facts');
+        INSERT INTO sqlite_sequence (name, seq)
+        SELECT t.name, max(
+            coalesce((SELECT max(w.row_id) FROM write_log w WHERE w.table_name = t.name), 0),
+            CASE t.name
+                WHEN 'transcript' THEN coalesce((SELECT max(id) FROM transcript), 0)
+                WHEN 'episodes' THEN coalesce((SELECT max(id) FROM episodes), 0)
+                ELSE coalesce((SELECT max(id) FROM facts), 0)
+            END)
+        FROM (SELECT 'transcript' AS name UNION ALL SELECT 'episodes' UNION ALL SELECT 'facts') t;
+        """,
+    ),
 ]
 
 
@@ -241,8 +410,17 @@ def applied(conn: apsw.Connection) -> list[str]:
     return [row[0] for row in conn.execute("SELECT name FROM schema_migrations ORDER BY name")]
 
 
-def migrate(conn: apsw.Connection) -> list[str]:
-    """Apply every step not yet recorded, in order; return the names applied."""
+def migrate(conn: apsw.Connection,
+            steps: Sequence[tuple[str, str]] = MIGRATIONS) -> list[str]:
+    """Apply every step of ``steps`` not yet recorded, in order; return the names applied.
+
+    Steps run with foreign keys off (the only way SQLite lets a table be
+    rebuilt: with them on, dropping the old table would cascade into its
+    children), each in its own transaction that checks every foreign key
+    before it commits. ``steps`` is all of :data:`MIGRATIONS` except in tests
+    that build a database as an older version left it."""
+    if conn.in_transaction:
+        raise RuntimeError("migrate() must run outside a transaction")
     done = set(applied(conn))
     known = {name for name, _ in MIGRATIONS}
     unknown = done - known
@@ -251,16 +429,30 @@ def migrate(conn: apsw.Connection) -> list[str]:
             f"database has migrations this code does not know: {sorted(unknown)}; "
             "it was written by a newer Reverie"
         )
-    ran: list[str] = []
-    for name, sql in MIGRATIONS:
-        if name in done:
-            continue
-        with conn:
-            conn.execute(sql)
-            conn.execute(
-                "INSERT INTO schema_migrations (name, applied_at) VALUES (?, ?)",
-                (name, time.time()),
-            )
-        log.info("migration applied", extra={"migration": name})
-        ran.append(name)
-    return ran
+    pending = [(name, sql) for name, sql in steps if name not in done]
+    if not pending:
+        return []
+    foreign_keys = _scalar(conn, "PRAGMA foreign_keys")
+    conn.execute("PRAGMA foreign_keys = OFF")
+    try:
+        for name, sql in pending:
+            with conn:
+                conn.execute(sql)
+                broken = list(conn.execute("PRAGMA foreign_key_check"))
+                if broken:
+                    raise RuntimeError(
+                        f"migration {name} would break foreign keys: {broken[:5]}")
+                conn.execute(
+                    "INSERT INTO schema_migrations (name, applied_at) VALUES (?, ?)",
+                    (name, time.time()),
+                )
+            log.info("migration applied", extra={"migration": name})
+    finally:
+        conn.execute(f"PRAGMA foreign_keys = {'ON' if foreign_keys else 'OFF'}")
+    return [name for name, _ in pending]
+
+
+def _scalar(conn: apsw.Connection, sql: str) -> object:
+    for row in conn.execute(sql):
+        return row[0]
+    return None

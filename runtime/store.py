@@ -3,11 +3,24 @@
 Pragmas are set for a file that Litestream replicates beside us: WAL,
 ``busy_timeout``, ``synchronous=NORMAL`` and foreign keys on. We never force a
 TRUNCATE checkpoint (it stalls while Litestream holds a read transaction);
-SQLite's own passive auto-checkpoint is left alone.
+SQLite's own passive auto-checkpoint is left alone. ``secure_delete`` is on, so
+the pages a delete frees are zeroed rather than left holding the old content.
 
-Every write goes through :meth:`Store.insert`, :meth:`Store.update` or
-:meth:`Store.delete`, which record the change in ``write_log`` (writer, time,
-before and after) inside the same transaction as the change itself.
+The data directory is 0700 and the database, its WAL and shared-memory files
+are 0600 whatever the umask (:mod:`runtime.files`).
+
+Every write of memory goes through :meth:`Store.insert`, :meth:`Store.update`,
+:meth:`Store.delete` or :meth:`Store.forget`, which record the change in
+``write_log`` (writer, time, before and after) inside the same transaction as
+the change itself. Rows removed by a schema cascade (a turn's tool calls, an
+episode's citations) are covered by their parent's delete. Outside the write
+log, on purpose: vectors (derived data, rebuilt from the rows at any time) and
+the ``fact_kinds`` table (a copy of the configuration).
+
+A transaction that will write starts with ``BEGIN IMMEDIATE``
+(:meth:`Store.write_transaction`): several processes share one WAL file, and a
+deferred transaction that read first cannot be upgraded to a writer once
+another process has committed (SQLITE_BUSY, with no retry).
 """
 
 from __future__ import annotations
@@ -23,6 +36,7 @@ import apsw
 
 from runtime.clock import Clock, SystemClock
 from runtime.fact_kinds import FactKinds
+from runtime.files import create_private, make_private, private_dir
 from runtime.migrations import migrate
 
 log = logging.getLogger(__name__)
@@ -34,19 +48,34 @@ Row = dict[str, Any]
 WRITABLE: dict[str, frozenset[str]] = {
     "transcript": frozenset(
         "channel source role speaker content created_at lat lon accuracy_m place "
-        "external_id citations memory request_id".split()
+        "external_id citations memory request_id disabled".split()
     ),
     "compactions": frozenset("channel summary watermark created_at".split()),
     "tool_calls": frozenset("transcript_id name arguments result created_at".split()),
     "episodes": frozenset(
         "channel source level gist salience emotion memory_level weight started_at "
-        "ended_at last_relevant_at created_at parent_id tombstoned_at".split()
+        "ended_at last_relevant_at created_at parent_id tombstoned_at disabled".split()
     ),
     "facts": frozenset(
         "kind subject key value confidence source provenance valid_from valid_to "
         "recorded_at confirmed_at superseded_by disabled memory_level user_managed "
-        "weight".split()
+        "weight claims".split()
     ),
+    "episode_citations": frozenset("episode_id transcript_id".split()),
+}
+
+# Tables without an ``id`` (WITHOUT ROWID links): their key columns. Their
+# write-log rows carry the first key column as ``row_id`` and the whole key in
+# ``after``.
+KEYED: dict[str, tuple[str, ...]] = {
+    "episode_citations": ("episode_id", "transcript_id"),
+}
+
+# The FTS5 index over each table's text, merged after a forget.
+FTS_OF: dict[str, str] = {
+    "transcript": "transcript_fts",
+    "episodes": "episodes_fts",
+    "facts": "facts_fts",
 }
 
 
@@ -63,7 +92,10 @@ class Store:
         clock: Clock | None = None,
     ) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
+        # Created 0600 before SQLite opens it: SQLite gives the -wal and -shm
+        # files the database file's mode.
+        create_private(self.path)
         self.clock: Clock = clock or SystemClock()
         self.fact_kinds = fact_kinds
         self.conn = apsw.Connection(str(self.path))
@@ -71,8 +103,11 @@ class Store:
         mode = self.scalar("PRAGMA journal_mode = WAL")
         if str(mode).lower() != "wal":
             raise StoreError(f"{self.path}: could not switch to WAL (journal_mode={mode})")
+        for suffix in ("-wal", "-shm"):  # left readable by an older version
+            make_private(self.path.with_name(self.path.name + suffix))
         self.conn.execute("PRAGMA synchronous = NORMAL")
         self.conn.execute("PRAGMA foreign_keys = ON")
+        self.conn.execute("PRAGMA secure_delete = ON")
         self.applied_migrations = migrate(self.conn)
         self._sync_fact_kinds()
 
@@ -88,10 +123,30 @@ class Store:
         self.close()
 
     @contextmanager
-    def transaction(self) -> Iterator[None]:
-        """A savepoint; nests. Commits on success, rolls back on any exception."""
-        with self.conn:
+    def write_transaction(self) -> Iterator[None]:
+        """A transaction that will write: ``BEGIN IMMEDIATE``, or a savepoint
+        when one is already open (it nests). Commits on success, rolls back on
+        any exception.
+
+        Taking the write lock first means a read inside it can never be
+        followed by a write that fails because another process committed in
+        between; waiting for the lock honours ``busy_timeout``."""
+        if self.conn.in_transaction:
+            with self.conn:
+                yield
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
+        try:
             yield
+            self.conn.execute("COMMIT")
+        except BaseException:
+            if self.conn.in_transaction:  # SQLite may have rolled back already
+                self.conn.execute("ROLLBACK")
+            raise
+
+    # Every transaction opened through the store writes (readers need none:
+    # each read statement sees one snapshot), so they are all immediate.
+    transaction = write_transaction
 
     def rows(self, sql: str, args: Sequence[Any] | Mapping[str, Any] = ()) -> list[Row]:
         cur = self.conn.cursor()
@@ -126,6 +181,11 @@ class Store:
         if bad:
             raise StoreError(f"{table}: unknown columns {sorted(bad)}")
 
+    def _check_by_id(self, table: str) -> None:
+        self._check(table, [])
+        if table in KEYED:
+            raise StoreError(f"{table} has no id: rows are inserted, and go with their parent")
+
     def _log(self, writer: str, op: str, table: str, row_id: int,
              before: Row | None, after: Row | None) -> None:
         self.conn.execute(
@@ -139,27 +199,33 @@ class Store:
         )
 
     def get(self, table: str, row_id: int) -> Row | None:
-        self._check(table, [])
+        self._check_by_id(table)
         return self.row(f"SELECT * FROM {table} WHERE id = ?", (row_id,))
 
     def insert(self, writer: str, table: str, values: Mapping[str, Any]) -> int:
+        """Insert a row; return its id (for a keyed table: its first key column)."""
         self._check(table, list(values))
         cols = list(values)
         sql = (
             f"INSERT INTO {table} ({', '.join(cols)})"
             f" VALUES ({', '.join('?' for _ in cols)})"
         )
-        with self.conn:
+        with self.write_transaction():
             self.conn.execute(sql, [values[c] for c in cols])
-            row_id = self.conn.last_insert_rowid()
-            self._log(writer, "insert", table, row_id, None, {"id": row_id, **values})
+            if table in KEYED:
+                row_id = int(values[KEYED[table][0]])
+                self._log(writer, "insert", table, row_id, None, dict(values))
+            else:
+                row_id = self.conn.last_insert_rowid()
+                self._log(writer, "insert", table, row_id, None, {"id": row_id, **values})
         return row_id
 
     def update(self, writer: str, table: str, row_id: int, changes: Mapping[str, Any]) -> Row:
+        self._check_by_id(table)
         self._check(table, list(changes))
         if not changes:
             raise StoreError("update with no changes")
-        with self.conn:
+        with self.write_transaction():
             before = self.get(table, row_id)
             if before is None:
                 raise StoreError(f"{table}: no row {row_id}")
@@ -173,13 +239,47 @@ class Store:
         return after
 
     def delete(self, writer: str, table: str, row_id: int) -> Row | None:
-        self._check(table, [])
-        with self.conn:
+        """Delete a row; the write log keeps its content (see :meth:`forget`)."""
+        self._check_by_id(table)
+        with self.write_transaction():
             before = self.get(table, row_id)
             if before is None:
                 return None
             self.conn.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,))
             self._log(writer, "delete", table, row_id, before, None)
+        return before
+
+    def forget(self, writer: str, table: str, row_id: int) -> Row | None:
+        """Delete a row and its content everywhere the store kept it; return it.
+
+        The write log keeps that the row existed and was deleted, when and by
+        whom, but no content: the delete is logged with only the id, and the
+        row's earlier log entries have their before/after replaced by the id
+        too. The row's FTS index is merged ('optimize') so the deleted terms
+        are not left behind in older segments, and ``secure_delete`` zeroes the
+        freed pages. The merge rewrites the whole index: measured with
+        25-word turns, about 3 ms at 1,000 turns, 30 ms at 10,000 and 0.2 s at
+        100,000. Forgetting is rare and user-driven, so that is acceptable."""
+        self._check_by_id(table)
+        with self.write_transaction():
+            before = self.get(table, row_id)
+            if before is None:
+                return None
+            self.conn.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,))
+            gone = json.dumps({"id": row_id, "forgotten": True})
+            self.conn.execute(
+                "UPDATE write_log SET"
+                " before = CASE WHEN before IS NULL THEN NULL ELSE ? END,"
+                " after = CASE WHEN after IS NULL THEN NULL ELSE ? END"
+                " WHERE table_name = ? AND row_id = ?",
+                (gone, gone, table, row_id),
+            )
+            self._log(writer, "delete", table, row_id, {"id": row_id, "forgotten": True},
+                      None)
+            fts = FTS_OF.get(table)
+            if fts is not None:
+                self.conn.execute(f"INSERT INTO {fts} ({fts}) VALUES ('optimize')")
+        log.info("row forgotten", extra={"table": table, "row_id": row_id})
         return before
 
     def counts(self) -> dict[str, int]:
@@ -219,7 +319,7 @@ class Store:
         facts still use them (history is never deleted); new writes of such a
         kind are still refused by the graph service."""
         names = self.fact_kinds.names
-        with self.conn:
+        with self.write_transaction():
             for name in names:
                 system = int(self.fact_kinds.policy(name).system)
                 self.conn.execute(

@@ -2,9 +2,14 @@
 
 It is the source of truth; everything else is derived from it. Every turn is
 written, whatever its source; the per-source memory profile decides only
-whether the turn may become memory (episodes, facts, recall). Raw rows are
-pruned only once they are below the channel's compaction watermark and no live
-episode cites them; compaction summaries persist; a turn's tool calls go with it.
+whether the turn may become memory (episodes, facts, recall), and the service
+decides it from the source, never the caller. Raw rows are pruned only once they
+are below the channel's compaction watermark and no live episode cites them;
+compaction summaries persist; a turn's tool calls go with it.
+
+A user can disable a turn (hidden from recall and the index, reversibly) or
+forget it: the row, its tool calls, their FTS terms and vectors go, and the
+write log keeps only that they existed (:meth:`runtime.store.Store.forget`).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from runtime.profiles import MemoryProfiles
 from runtime.store import Row, Store
 
 log = logging.getLogger(__name__)
@@ -59,18 +65,25 @@ class TurnIn(BaseModel):
 
 
 class TranscriptService:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, profiles: MemoryProfiles) -> None:
         self.store = store
+        self.profiles = profiles
 
-    def append(self, turn: TurnIn, writer: str = WRITER, memory: bool = False) -> int:
-        """Append one turn. ``memory`` marks it as memory (recallable); the
-        caller decides from the source's profile."""
+    def append(self, turn: TurnIn, writer: str = WRITER) -> int:
+        """Append one turn; return its id. It is memory (recallable, embedded)
+        when its source's profile says so. With a ``request_id`` already
+        stored, return that row's id and write nothing."""
+        with self.store.write_transaction():
+            if turn.request_id is not None:
+                existing = self.store.scalar(
+                    "SELECT id FROM transcript WHERE request_id = ?", (turn.request_id,))
+                if existing is not None:
+                    return int(existing)
+            return self._insert(turn, writer)
+
+    def _insert(self, turn: TurnIn, writer: str) -> int:
         loc = turn.location
-        if turn.request_id is not None:
-            existing = self.store.scalar(
-                "SELECT id FROM transcript WHERE request_id = ?", (turn.request_id,))
-            if existing is not None:
-                return int(existing)
+        memory = self.profiles.for_source(turn.source).remembered
         return self.store.insert(writer, "transcript", {
             "channel": turn.channel,
             "source": turn.source,
@@ -89,6 +102,20 @@ class TranscriptService:
 
     def get(self, turn_id: int) -> Row | None:
         return self.store.get("transcript", turn_id)
+
+    def set_disabled(self, turn_id: int, disabled: bool, writer: str = WRITER) -> Row:
+        """Hide a turn from recall and the index (or show it again); reversible."""
+        return self.store.update(writer, "transcript", turn_id, {"disabled": int(disabled)})
+
+    def forget(self, turn_id: int, writer: str = WRITER) -> Row | None:
+        """Delete a turn and its tool calls for good, content scrubbed from the
+        write log; return the turn, or None if there was none."""
+        with self.store.write_transaction():
+            calls = [r[0] for r in self.store.conn.execute(
+                "SELECT id FROM tool_calls WHERE transcript_id = ?", (turn_id,))]
+            for call_id in calls:
+                self.store.forget(writer, "tool_calls", call_id)
+            return self.store.forget(writer, "transcript", turn_id)
 
     def set_citations(self, turn_id: int, refs: list[str], writer: str = WRITER) -> None:
         """Record which memories were given to the model for this message."""
@@ -123,13 +150,15 @@ class TranscriptService:
         """Record a continuity summary of ``channel`` up to row ``watermark``."""
         if not summary.strip():
             raise ValueError("compaction summary is empty")
-        current = self.watermark(channel)
-        if current is not None and watermark < current:
-            raise ValueError(f"watermark {watermark} is behind the current one ({current})")
-        return self.store.insert(writer, "compactions", {
-            "channel": channel, "summary": summary, "watermark": watermark,
-            "created_at": self.store.clock.now(),
-        })
+        with self.store.write_transaction():
+            current = self.watermark(channel)
+            if current is not None and watermark < current:
+                raise ValueError(
+                    f"watermark {watermark} is behind the current one ({current})")
+            return self.store.insert(writer, "compactions", {
+                "channel": channel, "summary": summary, "watermark": watermark,
+                "created_at": self.store.clock.now(),
+            })
 
     def watermark(self, channel: str) -> int | None:
         value = self.store.scalar(
@@ -155,8 +184,8 @@ class TranscriptService:
         )]
 
     def prune(self, channel: str, writer: str = WRITER) -> int:
-        ids = self.prunable(channel)
-        with self.store.transaction():
+        with self.store.write_transaction():
+            ids = self.prunable(channel)
             for turn_id in ids:
                 self.store.delete(writer, "transcript", turn_id)
         if ids:

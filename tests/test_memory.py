@@ -23,6 +23,7 @@ from runtime.config import Settings
 from runtime.embedder import Embedder
 from runtime.facts import FactIn
 from runtime.memory import Memory
+from runtime.refs import Ref
 from runtime.transcript import TurnIn
 from runtime.vector_index import KINDS
 
@@ -214,6 +215,32 @@ def test_index_built_for_another_model_is_rebuilt(open_memory: OpenMemory, setti
     assert (rewritten["model"], rewritten["dim"]) == (embedder.name, embedder.dim)
 
 
+# -- forget, then remember -------------------------------------------------------
+
+def test_forget_then_remember_a_turn_indexes_the_new_one(memory: Memory) -> None:
+    """remember A, forget it, remember B: B used to get A's id, which the indexer
+    had already checked, so B was never indexed until a restart."""
+    (a,) = add(memory, {"cat": FIRST["cat"]}).values()
+    assert memory.recall(PARAPHRASE["cat"]).refs[:1] == [f"turn:{a}"]
+    memory.change(Ref("turn", a), "delete")
+    assert memory.recall(PARAPHRASE["cat"]).refs == []
+    (b,) = add(memory, {"car": LATER["car"]}).values()
+    assert b != a
+    assert memory.index.count("turn") == 1
+    assert memory.recall(PARAPHRASE["car"]).refs[:1] == [f"turn:{b}"]
+
+
+def test_forget_then_remember_a_fact_indexes_the_new_one(memory: Memory) -> None:
+    a, _ = memory.add_fact(FactIn(kind="user_specific", subject="user", key="allergy",
+                                  value="peanuts"))
+    memory.change(Ref("fact", a), "delete")
+    b, _ = memory.add_fact(FactIn(kind="place", subject="user", key="gym",
+                                  value="the climbing gym on Rua Augusta"))
+    assert b != a
+    assert memory.index.count("fact") == 1
+    assert f"fact:{b}" in memory.recall("where do I go climbing?").refs
+
+
 # -- the write log ------------------------------------------------------------------
 
 def log_rows(memory: Memory, table: str) -> list[dict[str, object]]:
@@ -278,8 +305,7 @@ def test_rows_committed_without_vectors_are_embedded_on_open(open_memory: OpenMe
     """A crash after a turn's commit but before its embedding: the next open embeds it."""
     memory = open_memory()
     row_id = memory.transcript.append(
-        TurnIn(channel="hall", source="user", content="The spare key is under the blue pot."),
-        memory=True)
+        TurnIn(channel="hall", source="user", content="The spare key is under the blue pot."))
     assert memory.counts()["vectors"] == 0
     del memory  # no close(), no sync: as if killed here
     with open_memory() as reopened:

@@ -1,0 +1,148 @@
+"""References to memory items (``turn:12``, ``episode:3``, ``fact:7``) and what a
+user may do to them: find them by their words, disable, enable or delete them.
+
+The policy lives in the services: a turn or an episode is forgotten through
+:meth:`TranscriptService.forget` / :meth:`EpisodeService.forget`, a fact through
+:meth:`GraphService.delete`; all of them scrub the write log. :func:`change`
+only dispatches. Disabling is reversible and keeps the content; the caller also
+drops a disabled item's vector from its index (and hands an enabled one back to
+the indexer), since the index lives with the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from runtime.episodes import EpisodeService
+from runtime.facts import GraphService
+from runtime.fts import query_terms
+from runtime.store import Row, Store
+from runtime.transcript import TranscriptService
+
+log = logging.getLogger(__name__)
+
+Kind = Literal["turn", "episode", "fact"]
+Action = Literal["disable", "enable", "delete"]
+KINDS: tuple[str, ...] = get_args(Kind)
+ACTIONS: tuple[str, ...] = get_args(Action)
+
+
+class NoSuchItem(ValueError):
+    """The reference names no stored item."""
+
+
+@dataclass(frozen=True)
+class Ref:
+    kind: Kind
+    id: int
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.id}"
+
+
+def parse_ref(text: str) -> Ref:
+    """``"turn:12"`` -> ``Ref("turn", 12)``; ValueError, saying what is expected, otherwise."""
+    kind, sep, number = text.strip().partition(":")
+    if not sep or kind not in KINDS or not number.isascii() or not number.isdigit():
+        raise ValueError(
+            f"bad reference {text!r}: expected turn:<id>, episode:<id> or fact:<id>, "
+            "e.g. turn:12")
+    item_id = int(number)
+    if item_id < 1:
+        raise ValueError(f"bad reference {text!r}: ids start at 1")
+    return Ref(kind, item_id)  # type: ignore[arg-type]  # kind checked against KINDS
+
+
+@dataclass(frozen=True)
+class Match:
+    ref: Ref
+    text: str
+    created_at: float
+    disabled: bool
+
+
+# (kind, FTS table, content table, the text shown, when it was written)
+_SEARCHED: tuple[tuple[Kind, str, str, str, str], ...] = (
+    ("turn", "transcript_fts", "transcript",
+     "coalesce(c.speaker, c.role) || ': ' || c.content", "c.created_at"),
+    ("episode", "episodes_fts", "episodes", "c.gist", "c.created_at"),
+    ("fact", "facts_fts", "facts", "c.subject || ' ' || c.key || ': ' || c.value",
+     "c.recorded_at"),
+)
+
+
+def _all_terms(text: str) -> str | None:
+    """An FTS5 expression matching rows that contain every word of ``text``.
+
+    Words come from :func:`runtime.fts.query_terms` and are quoted, so user
+    text is never FTS5 syntax. All of them must match (not any, as in recall):
+    this finds what to delete, so it should be narrow."""
+    terms = query_terms(text)
+    if not terms:
+        return None
+    return " AND ".join('"' + t.replace('"', '""') + '"' for t in terms)
+
+
+def find_matching(store: Store, text: str, limit: int = 20) -> list[Match]:
+    """Turns, episodes and facts (disabled or not) containing every word of
+    ``text``, best keyword match first, at most ``limit``."""
+    expr = _all_terms(text)
+    if expr is None or limit < 1:
+        return []
+    scored: list[tuple[float, Match]] = []
+    for kind, fts, table, shown, when in _SEARCHED:
+        rows = store.rows(
+            f"SELECT f.rowid AS id, f.rank AS rank, {shown} AS text, {when} AS created_at,"
+            f" c.disabled AS disabled FROM {fts} f JOIN {table} c ON c.id = f.rowid"
+            f" WHERE {fts} MATCH ? ORDER BY f.rank LIMIT ?", (expr, limit))
+        scored.extend(
+            (r["rank"], Match(Ref(kind, r["id"]), r["text"], r["created_at"],
+                              bool(r["disabled"])))
+            for r in rows)
+    scored.sort(key=lambda s: (s[0], -s[1].created_at))
+    return [m for _, m in scored[:limit]]
+
+
+@dataclass(frozen=True)
+class Services:
+    """The services that own each kind of memory item."""
+
+    transcript: TranscriptService
+    episodes: EpisodeService
+    graph: GraphService
+
+    def get(self, ref: Ref) -> Row | None:
+        if ref.kind == "turn":
+            return self.transcript.get(ref.id)
+        if ref.kind == "episode":
+            return self.episodes.get(ref.id)
+        return self.graph.get(ref.id)
+
+
+def change(services: Services, ref: Ref, action: Action, writer: str) -> None:
+    """Disable, enable or delete (forget for good) the item ``ref`` names.
+
+    Raises :class:`NoSuchItem` when there is none, ValueError for an unknown action."""
+    if action not in ACTIONS:
+        raise ValueError(f"unknown action {action!r}: expected one of {', '.join(ACTIONS)}")
+    if services.get(ref) is None:
+        raise NoSuchItem(f"no {ref.kind} {ref.id}")
+    if ref.kind == "turn":
+        if action == "delete":
+            services.transcript.forget(ref.id, writer)
+        else:
+            services.transcript.set_disabled(ref.id, action == "disable", writer)
+    elif ref.kind == "episode":
+        if action == "delete":
+            services.episodes.forget(ref.id, writer)
+        else:
+            services.episodes.set_disabled(ref.id, action == "disable", writer)
+    elif action == "delete":
+        services.graph.delete(ref.id, writer)
+    elif action == "disable":
+        services.graph.disable(ref.id, writer)
+    else:
+        services.graph.enable(ref.id, writer)
+    log.info("memory item changed", extra={"ref": str(ref), "action": action})
