@@ -14,7 +14,7 @@ around it, so the line before can never read as a Markdown setext heading):
 
     ---
 
-    Current date and time: Friday 2026-03-06 14:05 UTC+01:00
+    Current date and time: Friday 2026-03-06 14:05 CET (UTC+01:00)
 
     ---
 
@@ -24,7 +24,10 @@ around it, so the line before can never read as a Markdown setext heading):
 
 Persona sections keep the order given (``PersonaLoader.load()`` yields the
 bootstrap order); empty ones are omitted. The date/time line is always there,
-so the system message is never empty. The memory section depends on ``mode``:
+so the system message is never empty: ``now`` is read in the household's time
+zone by the caller (``runtime.clock.local_datetime``); an aware ``now`` shows
+its zone's abbreviation, when it has a name, and its offset from UTC. The
+memory section depends on ``mode``:
 ``"push"`` lists the memories, ``"index"`` says only how many are available
 (the model pulls them on demand), ``"off"`` leaves memory out; with no
 memories it is omitted in every mode.
@@ -122,10 +125,19 @@ def persona_section(p: PersonaFile) -> str:
 
 
 def datetime_line(now: datetime) -> str:
-    """``Current date and time: Friday 2026-03-06 14:05 UTC+01:00`` (no offset if naive)."""
+    """``Current date and time: Friday 2026-03-06 14:05 CET (UTC+01:00)``.
+
+    The zone's abbreviation is shown when it is a name (``CET``, ``NZDT``); a
+    zone without one (a fixed offset, UTC itself, or a numeric abbreviation
+    such as ``-03``) shows only ``UTC+01:00``. A naive ``now`` shows neither."""
     line = f"Current date and time: {_WEEKDAYS[now.weekday()]} {now:%Y-%m-%d %H:%M}"
     offset = now.utcoffset()
-    return f"{line} {_format_offset(offset)}" if offset is not None else line
+    if offset is None:
+        return line
+    name = now.tzname() or ""
+    if name.isascii() and name.isalpha() and name.upper() != "UTC":
+        return f"{line} {name} ({_format_offset(offset)})"
+    return f"{line} {_format_offset(offset)}"
 
 
 def memory_section(memories: Sequence[MemoryLine], mode: Mode = "push") -> str:

@@ -9,6 +9,9 @@ recency/decay weight, salience) must reach a fraction of the best one: weak
 candidates are dropped, never used as padding, and an unrelated query gets
 nothing. The result respects a budget of items and tokens. If the vector path
 fails, recall degrades to a deterministic keyword-only top-N.
+
+Each memory is rendered as one line of text for the prompt (:func:`render`),
+with its dates in the household's time zone.
 """
 
 from __future__ import annotations
@@ -19,12 +22,12 @@ import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, tzinfo
 from typing import Any
 
 import numpy as np
 
-from runtime.clock import Clock
+from runtime.clock import Clock, household_zone
 from runtime.config import RecallSettings
 from runtime.decay import episode_weight, fact_weight, recency_weight
 from runtime.embedder import Embedder
@@ -39,10 +42,14 @@ Key = tuple[str, int]
 
 # (kind, FTS table, content table, what makes a row recallable)
 _FTS_SOURCES = (
-    ("turn", "transcript_fts", "transcript", "transcript.memory = 1"),
-    ("episode", "episodes_fts", "episodes", "episodes.tombstoned_at IS NULL"),
-    ("fact", "facts_fts", "facts", "facts.disabled = 0"),
+    ("turn", "transcript_fts", "transcript", "transcript.memory = 1 AND transcript.disabled = 0"),
+    ("episode", "episodes_fts", "episodes",
+     "episodes.tombstoned_at IS NULL AND episodes.disabled = 0"),
+    # a claim that lost a contradiction has an empty window: never in force, never recalled
+    ("fact", "facts_fts", "facts",
+     "facts.disabled = 0 AND (facts.valid_to IS NULL OR facts.valid_to > facts.valid_from)"),
 )
+_RECALLABLE = {kind: where for kind, _, _, where in _FTS_SOURCES}
 
 # Default salience of a raw transcript row (episodes carry their own, 1-10).
 TURN_SALIENCE = 5
@@ -102,8 +109,8 @@ class RecallResult:
         return list(seen)
 
 
-def _date(ts: float) -> str:
-    return datetime.fromtimestamp(ts, tz=UTC).strftime("%Y-%m-%d")
+def _date(ts: float, zone: tzinfo) -> str:
+    return datetime.fromtimestamp(ts, tz=zone).strftime("%Y-%m-%d")
 
 
 @dataclass
@@ -128,13 +135,17 @@ class Recaller:
         kinds: FactKinds,
         settings: RecallSettings,
         clock: Clock,
+        zone: tzinfo | None = None,
     ) -> None:
+        """``zone``: the household's time zone, in which memories' dates are shown
+        (default: the system's zone)."""
         self.store = store
         self.index = index
         self.embedder = embedder
         self.kinds = kinds
         self.settings = settings
         self.clock = clock
+        self.zone = household_zone() if zone is None else zone
 
     # -- public -----------------------------------------------------------
 
@@ -218,14 +229,16 @@ class Recaller:
             marks = ",".join("?" for _ in ids)
             if kind == "turn":
                 for row in self.store.rows(
-                        f"SELECT * FROM transcript WHERE id IN ({marks}) AND memory = 1", ids):
+                        f"SELECT * FROM transcript WHERE id IN ({marks}) AND {_RECALLABLE['turn']}",
+                        ids):
                     out[(kind, row["id"])] = _Candidate(
                         kind, row["id"], row,
                         weight=recency_weight(row["created_at"], now, TURN_TAU_DAYS),
                         turns=(row["id"],))
             elif kind == "episode":
                 rows = self.store.rows(
-                    f"SELECT * FROM episodes WHERE id IN ({marks}) AND tombstoned_at IS NULL", ids)
+                    f"SELECT * FROM episodes WHERE id IN ({marks}) AND {_RECALLABLE['episode']}",
+                    ids)
                 cites = self._episode_citations([r["id"] for r in rows])
                 for row in rows:
                     out[(kind, row["id"])] = _Candidate(
@@ -235,7 +248,8 @@ class Recaller:
                         salience=row["salience"], turns=tuple(cites.get(row["id"], ())))
             else:
                 for row in self.store.rows(
-                        f"SELECT * FROM facts WHERE id IN ({marks}) AND disabled = 0", ids):
+                        f"SELECT * FROM facts WHERE id IN ({marks}) AND {_RECALLABLE['fact']}",
+                        ids):
                     if row["kind"] not in self.kinds:
                         continue
                     out[(kind, row["id"])] = _Candidate(
@@ -349,7 +363,7 @@ class Recaller:
         for score, cand in scored:
             if score < floor or len(items) >= max_items:
                 break
-            text = render(cand.kind, cand.row)
+            text = render(cand.kind, cand.row, self.zone)
             tokens = approx_tokens(text)
             if used + tokens > max_tokens:
                 break
@@ -375,16 +389,54 @@ def _fact_turns(provenance: str) -> tuple[int, ...]:
     return tuple(out)
 
 
-def render(kind: str, row: Row) -> str:
-    """The text of a memory as it is injected into a prompt."""
+# A fact whose value is a sentence of at least this many words reads on its own.
+SENTENCE_WORDS = 3
+_SENTENCE_END = (".", "!", "?", "…", '."', '!"', '?"', ".)", "!)", "?)")
+# The subject of facts about the person Reverie serves (``reverie remember``'s default).
+USER_SUBJECT = "user"
+
+
+def render(kind: str, row: Row, zone: tzinfo | None = None) -> str:
+    """The text of a memory as it is injected into a prompt, dated in ``zone``
+    (default: the system's zone)."""
+    zone = household_zone() if zone is None else zone
     if kind == "turn":
         who = row.get("speaker") or row["role"]
-        return f"[{_date(row['created_at'])}] {who}: {row['content']}"
+        return f"[{_date(row['created_at'], zone)}] {who}: {row['content']}"
     if kind == "episode":
-        return f"[{_date(row['started_at'] or row['created_at'])}] {row['gist']}"
-    if str(row["key"]).startswith("note-"):  # an explicit "remember: ..." note
-        return f"{row['subject']}: {row['value']} (noted {_date(row['recorded_at'])})"
-    window = f"since {_date(row['valid_from'])}"
+        return f"[{_date(row['started_at'] or row['created_at'], zone)}] {row['gist']}"
+    return render_fact(row, zone)
+
+
+def render_fact(row: Row, zone: tzinfo) -> str:
+    """A fact from its kind and fields.
+
+    A fact whose value reads on its own (a sentence: a user-managed note of a
+    few words, or any value ending like a sentence) is that sentence, behind
+    its subject unless the subject is the user: ``The locker code is 4471.
+    (noted 2026-03-06)``. Any other fact is ``subject key: value`` with the
+    key's underscores as spaces: ``Ana lives in: Lisbon (since 2026-03-06)``.
+    A user-managed fact is dated by when it was noted; any other by its
+    validity window (a discovery: when it was found).
+    """
+    subject = str(row["subject"]).strip()
+    value = str(row["value"]).strip()
+    if _reads_alone(value, bool(row.get("user_managed"))):
+        text = value if subject.casefold() == USER_SUBJECT else f"{subject}: {value}"
+    else:
+        key = " ".join(str(row["key"]).replace("_", " ").split())
+        text = f"{subject} {key}: {value}"
+    if row.get("user_managed"):
+        return f"{text} (noted {_date(row['recorded_at'], zone)})"
+    since = _date(row["valid_from"], zone)
     if row.get("valid_to") is not None:
-        window = f"{_date(row['valid_from'])} to {_date(row['valid_to'])}"
-    return f"{row['subject']} {row['key']}: {row['value']} ({window})"
+        return f"{text} ({since} to {_date(row['valid_to'], zone)})"
+    if row["kind"] == "discovery":
+        return f"{text} (found {since})"
+    return f"{text} (since {since})"
+
+
+def _reads_alone(value: str, user_managed: bool) -> bool:
+    if len(value.split()) < SENTENCE_WORDS:
+        return False
+    return user_managed or value.endswith(_SENTENCE_END)

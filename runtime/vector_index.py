@@ -1,30 +1,46 @@
 """hnswlib vector indexes, one per memory kind, persisted beside the database.
 
 The database is the source of truth: every vector lives in the ``vectors``
-table and its row id is the hnswlib label. An index file is only a cache. On
-open, an index is loaded if its metadata matches (model, dimension), then
-caught up with every vector row newer than the last label it holds; a missing,
-stale or unreadable file is rebuilt from the database. Deleted memories are
+table and its row id is the hnswlib label (labels are never reused). An index
+file is only a cache. On open, an index is loaded if its metadata matches
+(model, dimension), then reconciled with the database: labels whose vectors
+are gone are marked deleted, vectors it lacks are added. A missing, stale or
+unreadable file is rebuilt from the database. Deleted memories are also
 filtered out at query time by the join against the database, so a crash
 between a delete and :meth:`VectorIndex.save` cannot surface a forgotten item.
+
+hnswlib only marks deleted elements; they keep their memory and their place
+in the file. Once a kind's deleted elements pass a threshold (a share of its
+elements, and a minimum count), its index is rebuilt from the database: after
+the removes that crossed it, and on save. A search asks hnswlib for no more
+neighbours than there are live elements; any failure beyond that is an error
+(:class:`IndexUnavailable`), never a shorter answer. The index directory is
+owner-only (0700) and its files 0600.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
 import hnswlib
 import numpy as np
 
+from runtime.files import create_private, private_dir, write_private
 from runtime.store import Store
 
 log = logging.getLogger(__name__)
 
 KINDS = ("turn", "episode", "fact")
+
+# A kind's index is rebuilt once its deleted elements are more than this share
+# of its elements, and more than COMPACT_MIN.
+COMPACT_RATIO = 0.25
+COMPACT_MIN = 256
+_BATCH = 4096
+_EMPTY = (np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32))
 
 
 class IndexUnavailable(RuntimeError):
@@ -35,26 +51,37 @@ class _KindIndex:
     def __init__(self, dim: int, capacity: int = 1024) -> None:
         self.dim = dim
         self.index = hnswlib.Index(space="ip", dim=dim)
-        self.index.init_index(max_elements=capacity, ef_construction=200, M=16)
+        self.index.init_index(max_elements=max(capacity, 16), ef_construction=200, M=16)
         self.index.set_num_threads(1)
         self.max_label = 0
         self.deleted = 0
+        self.broken = False  # a search failed: rebuild on the next save
 
     @classmethod
-    def load(cls, path: Path, dim: int, max_label: int, deleted: int) -> _KindIndex:
+    def load(cls, path: Path, dim: int, max_label: int) -> _KindIndex:
         self = cls.__new__(cls)
         self.dim = dim
         self.index = hnswlib.Index(space="ip", dim=dim)
         self.index.load_index(str(path), allow_replace_deleted=False)
         self.index.set_num_threads(1)
         self.max_label = max_label
-        self.deleted = deleted
+        self.deleted = 0  # counted by VectorIndex._reconcile
+        self.broken = False
         return self
+
+    @property
+    def elements(self) -> int:
+        """Elements held, deleted ones included."""
+        return int(self.index.get_current_count())
+
+    @property
+    def live(self) -> int:
+        return self.elements - self.deleted
 
     def add(self, labels: np.ndarray, vecs: np.ndarray) -> None:
         if len(labels) == 0:
             return
-        need = self.index.get_current_count() + len(labels)
+        need = self.elements + len(labels)
         capacity = self.index.get_max_elements()
         if need > capacity:
             self.index.resize_index(max(need, capacity * 2))
@@ -62,39 +89,39 @@ class _KindIndex:
         self.max_label = max(self.max_label, int(labels.max()))
 
     def search(self, vec: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        count = self.index.get_current_count()
-        if count == 0:
-            return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
-        k = min(k, count)
+        if vec.shape != (self.dim,):
+            raise ValueError(f"query vector has shape {vec.shape}, the index holds {self.dim}")
+        # hnswlib's count includes deleted elements, and it raises when it cannot
+        # find k live ones: never ask for more than there are
+        k = min(k, self.live)
+        if k <= 0:
+            return _EMPTY
         self.index.set_ef(max(2 * k, 64))
-        while True:
-            try:
-                labels, dists = self.index.knn_query(vec.reshape(1, -1), k=k)
-                break
-            except RuntimeError:
-                # fewer than k live elements (the count includes deleted ones)
-                if k <= 1:
-                    return np.empty(0, dtype=np.int64), np.empty(0, dtype=np.float32)
-                k //= 2
+        labels, dists = self.index.knn_query(vec.reshape(1, -1), k=k)
         return labels[0].astype(np.int64), (1.0 - dists[0]).astype(np.float32)
 
-    def remove(self, label: int) -> None:
+    def remove(self, label: int) -> bool:
+        """Mark ``label`` deleted; False if it is absent or already deleted."""
         try:
             self.index.mark_deleted(label)
-            self.deleted += 1
         except RuntimeError:
-            pass  # not present, or already removed
+            return False
+        self.deleted += 1
+        return True
 
 
 class VectorIndex:
-    def __init__(self, store: Store, directory: Path, model: str, dim: int) -> None:
+    def __init__(self, store: Store, directory: Path, model: str, dim: int, *,
+                 compact_ratio: float = COMPACT_RATIO, compact_min: int = COMPACT_MIN) -> None:
         self.store = store
         self.directory = Path(directory)
         self.model = model
         self.dim = dim
+        self.compact_ratio = compact_ratio
+        self.compact_min = compact_min
         self.available = True
         self._kinds: dict[str, _KindIndex] = {}
-        self.directory.mkdir(parents=True, exist_ok=True)
+        private_dir(self.directory)
         for kind in KINDS:
             self._kinds[kind] = self._open(kind)
 
@@ -110,15 +137,48 @@ class VectorIndex:
             try:
                 meta = json.loads(meta_path.read_text())
                 if meta.get("model") == self.model and meta.get("dim") == self.dim:
-                    idx = _KindIndex.load(data_path, self.dim, int(meta["max_label"]),
-                                          int(meta.get("deleted", 0)))
+                    idx = _KindIndex.load(data_path, self.dim, int(meta["max_label"]))
+                    self._reconcile(kind, idx)
                 else:
                     log.info("index %s built for another model; rebuilding", kind)
             except Exception as exc:  # unreadable cache: rebuild from the database
                 log.warning("index %s unreadable (%s); rebuilding", kind, exc)
                 idx = None
         if idx is None:
-            idx = _KindIndex(self.dim)
+            return self._build(kind)
+        self._catch_up(kind, idx)
+        if self._wants_compaction(idx):
+            return self._build(kind)
+        return idx
+
+    def _reconcile(self, kind: str, idx: _KindIndex) -> None:
+        """Make a loaded cache hold exactly the database's vectors up to its last
+        label: mark the ones deleted since it was saved, add the ones it lacks."""
+        held = {int(label) for label in idx.index.get_ids_list()}
+        # ids only (the covering (kind, item_id) index): never the vectors themselves
+        stored = {int(r[0]) for r in self.store.conn.execute(
+            "SELECT id FROM vectors WHERE kind = ? AND id <= ?", (kind, idx.max_label))}
+        gone = held - stored
+        for label in gone:
+            idx.remove(label)  # False when it was deleted before the save
+        idx.deleted = len(gone)
+        missing = sorted(stored - held)
+        added = 0
+        for start in range(0, len(missing), _BATCH):
+            chunk = missing[start:start + _BATCH]
+            marks = ",".join("?" for _ in chunk)
+            rows = list(self.store.conn.execute(
+                f"SELECT id, vec FROM vectors WHERE id IN ({marks}) AND model = ? ORDER BY id",
+                [*chunk, self.model]))
+            added += self._add_blobs(idx, [r[0] for r in rows], [r[1] for r in rows])
+        if added:
+            log.info("index %s: %d vectors missing from the cache added", kind, added)
+
+    def _build(self, kind: str) -> _KindIndex:
+        """A fresh index for ``kind`` from every vector the database holds."""
+        live = int(self.store.scalar(
+            "SELECT count(*) FROM vectors WHERE kind = ? AND model = ?", (kind, self.model)))
+        idx = _KindIndex(self.dim, capacity=max(1024, live))
         self._catch_up(kind, idx)
         return idx
 
@@ -133,7 +193,7 @@ class VectorIndex:
         for label, blob in cur:
             batch_labels.append(label)
             batch_vecs.append(blob)
-            if len(batch_labels) >= 4096:
+            if len(batch_labels) >= _BATCH:
                 added += self._add_blobs(idx, batch_labels, batch_vecs)
                 batch_labels, batch_vecs = [], []
         added += self._add_blobs(idx, batch_labels, batch_vecs)
@@ -149,18 +209,34 @@ class VectorIndex:
         return len(labels)
 
     def save(self) -> None:
-        """Write each index atomically (temp file + rename), then its metadata."""
+        """Rebuild the kinds due for it, then write each index atomically (an
+        owner-only temp file renamed over the old one), then its metadata."""
+        for kind in KINDS:
+            idx = self._kinds[kind]
+            if idx.broken or self._wants_compaction(idx):
+                self.compact(kind)
         for kind, idx in self._kinds.items():
             data_path, meta_path = self._paths(kind)
             tmp = data_path.with_suffix(".hnsw.tmp")
+            create_private(tmp)  # hnswlib truncates it and keeps its mode
             idx.index.save_index(str(tmp))
-            os.replace(tmp, data_path)
-            meta_tmp = meta_path.with_suffix(".json.tmp")
-            meta_tmp.write_text(json.dumps(
+            tmp.replace(data_path)
+            write_private(meta_path, json.dumps(
                 {"model": self.model, "dim": self.dim, "max_label": idx.max_label,
-                 "count": idx.index.get_current_count(), "deleted": idx.deleted}
-            ))
-            os.replace(meta_tmp, meta_path)
+                 "count": idx.elements, "deleted": idx.deleted}))
+
+    # -- upkeep -----------------------------------------------------------
+
+    def _wants_compaction(self, idx: _KindIndex) -> bool:
+        return (idx.deleted > self.compact_min
+                and idx.deleted > self.compact_ratio * idx.elements)
+
+    def compact(self, kind: str) -> None:
+        """Rebuild ``kind``'s index from the database, reclaiming deleted elements."""
+        old = self._kinds[kind]
+        self._kinds[kind] = self._build(kind)
+        log.info("index %s rebuilt: %d elements (%d deleted) -> %d",
+                 kind, old.elements, old.deleted, self._kinds[kind].elements)
 
     # -- use --------------------------------------------------------------
 
@@ -168,17 +244,31 @@ class VectorIndex:
         self._kinds[kind].add(np.fromiter(labels, dtype=np.int64), vecs)
 
     def remove(self, kind: str, label: int) -> None:
-        self._kinds[kind].remove(label)
+        """Forget ``label`` (its row is already gone from the database)."""
+        idx = self._kinds[kind]
+        if idx.remove(label) and self._wants_compaction(idx):
+            self.compact(kind)
 
     def count(self, kind: str) -> int:
         """Live vectors in the index (removed ones not counted)."""
-        idx = self._kinds[kind]
-        return int(idx.index.get_current_count()) - idx.deleted
+        return self._kinds[kind].live
+
+    def elements(self, kind: str) -> int:
+        """Elements the index holds, removed ones included (what its file stores)."""
+        return self._kinds[kind].elements
 
     def search(self, kind: str, vec: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The ``k`` nearest live labels and their similarities (fewer only when the
+        index holds fewer). Raises IndexUnavailable when it cannot answer."""
         if not self.available:
             raise IndexUnavailable("vector index switched off")
+        idx = self._kinds[kind]
         try:
-            return self._kinds[kind].search(np.asarray(vec, dtype=np.float32), k)
+            return idx.search(np.asarray(vec, dtype=np.float32), k)
+        except RuntimeError as exc:  # hnswlib itself failed: rebuild it on the next save
+            idx.broken = True
+            log.warning("%s index search failed (%s); rebuilt on the next save", kind, exc)
+            raise IndexUnavailable(f"{kind} index failed: {exc}") from exc
         except Exception as exc:
+            log.warning("%s index search failed: %s", kind, exc)
             raise IndexUnavailable(f"{kind} index failed: {exc}") from exc

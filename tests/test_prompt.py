@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
 
+from runtime.clock import ManualClock, household_zone, local_datetime
 from runtime.persona import PersonaFile, PersonaLoader
 from runtime.prompt import (
     MEMORY_INSTRUCTION,
@@ -60,9 +63,11 @@ def test_push_mode_exact_structure() -> None:
     ]
 
 
-def test_instruction_says_own_memories_and_no_invention() -> None:
-    assert "your own memories of earlier conversations" in MEMORY_INSTRUCTION
-    assert "never invent" in MEMORY_INSTRUCTION
+def test_pushed_memories_are_introduced_as_own_and_not_to_be_invented() -> None:
+    memory = system(build_messages([], MEMS, [], "q", NOW)).split(SEPARATOR)[-1]
+    intro = memory.splitlines()[1]
+    assert "your own memories of earlier conversations" in intro
+    assert "never invent" in intro
 
 
 def test_section_order_and_separators() -> None:
@@ -155,11 +160,15 @@ def test_loaded_persona_feeds_the_prompt(tmp_path: Path) -> None:
 
 
 def test_deterministic_and_inputs_untouched() -> None:
+    persona, mems = list(PERSONA), list(MEMS)
     history = [ChatMessage(role="user", content="hi")]
-    a = build_messages(PERSONA, MEMS, history, "q", NOW)
-    b = build_messages(list(PERSONA), list(MEMS), list(history), "q", NOW)
+    before = copy.deepcopy((persona, mems, history))
+    a = build_messages(persona, mems, history, "q", NOW)
+    assert (persona, mems, history) == before
+    # the same input (fresh copies) gives the same messages
+    b = build_messages(*copy.deepcopy((persona, mems, history)), "q", NOW)
     assert a == b
-    assert history == [ChatMessage(role="user", content="hi")]
+    assert len(a) == 3 and a[1] == history[0] and a[1] is not history[0]
 
 
 def test_history_accepts_any_message_like_object() -> None:
@@ -187,6 +196,35 @@ def test_bad_mode_and_blank_user_text_raise() -> None:
      "Current date and time: Sunday 2026-03-08 00:00 UTC+00:00"),
     (datetime(2026, 1, 1, 23, 59, tzinfo=timezone(timedelta(hours=-3, minutes=-30))),
      "Current date and time: Thursday 2026-01-01 23:59 UTC-03:30"),
+    # a named zone: its abbreviation (standard or summer time), then its offset
+    (datetime(2026, 3, 7, 12, 30, tzinfo=ZoneInfo("Pacific/Auckland")),
+     "Current date and time: Saturday 2026-03-07 12:30 NZDT (UTC+13:00)"),
+    (datetime(2026, 7, 7, 12, 30, tzinfo=ZoneInfo("Pacific/Auckland")),
+     "Current date and time: Tuesday 2026-07-07 12:30 NZST (UTC+12:00)"),
+    (datetime(2026, 3, 6, 9, 15, tzinfo=ZoneInfo("America/St_Johns")),
+     "Current date and time: Friday 2026-03-06 09:15 NST (UTC-03:30)"),
+    # numeric abbreviations and UTC itself add nothing to the offset
+    (datetime(2026, 3, 6, 20, 30, tzinfo=ZoneInfo("America/Sao_Paulo")),
+     "Current date and time: Friday 2026-03-06 20:30 UTC-03:00"),
+    (datetime(2026, 3, 6, 20, 30, tzinfo=ZoneInfo("UTC")),
+     "Current date and time: Friday 2026-03-06 20:30 UTC+00:00"),
 ])
 def test_datetime_line(now: datetime, line: str) -> None:
     assert datetime_line(now) == line
+
+
+@pytest.mark.parametrize(("zone", "utc", "line"), [
+    ("Pacific/Auckland", datetime(2026, 3, 6, 23, 30, tzinfo=UTC),
+     "Current date and time: Saturday 2026-03-07 12:30 NZDT (UTC+13:00)"),
+    ("America/Los_Angeles", datetime(2026, 3, 7, 3, 30, tzinfo=UTC),
+     "Current date and time: Friday 2026-03-06 19:30 PST (UTC-08:00)"),
+])
+def test_prompt_shows_the_household_date_not_the_utc_one(zone: str, utc: datetime,
+                                                         line: str) -> None:
+    """The injected clock read in the household's zone: past midnight in one of
+    them, the weekday and the date differ from UTC's."""
+    clock = ManualClock(utc.timestamp())
+    now = local_datetime(clock, household_zone(zone))
+    assert now.date() != utc.date()
+    content = system(build_messages(PERSONA, MEMS, [], "what day is it?", now))
+    assert content.split(SEPARATOR)[2] == line

@@ -8,7 +8,10 @@ the index off, or swapping in an embedder whose ``embed`` raises.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime, tzinfo
+from zoneinfo import ZoneInfo
 
 import numpy as np
 import pytest
@@ -23,7 +26,7 @@ from runtime.episodes import EpisodeIn
 from runtime.facts import FactIn
 from runtime.fts import match_expression
 from runtime.memory import Memory
-from runtime.recall import RecallResult
+from runtime.recall import Recaller, RecallResult, render
 from runtime.transcript import TurnIn
 from runtime.vector_index import KINDS
 
@@ -197,10 +200,11 @@ def test_budget_caps_tokens(memory: Memory) -> None:
     assert result.tokens == sum(i.tokens for i in result.items) <= 60
 
 
-@pytest.mark.parametrize("budget", [{"max_items": 0}, {"max_tokens": 0}])
-def test_zero_budget_recalls_nothing(memory: Memory, budget: dict[str, int]) -> None:
+@pytest.mark.parametrize(("max_items", "max_tokens"), [(0, 2000), (20, 0)])
+def test_zero_budget_recalls_nothing(memory: Memory, max_items: int, max_tokens: int) -> None:
     seed_soups(memory)
-    assert memory.recall(SOUP_QUERY, **budget).items == []
+    assert memory.recall(SOUP_QUERY, max_items=20, max_tokens=2000).items  # not for lack of hits
+    assert memory.recall(SOUP_QUERY, max_items=max_items, max_tokens=max_tokens).items == []
 
 
 @read_only(max_examples=25)
@@ -232,11 +236,22 @@ HOSTILE = [
 
 @pytest.mark.parametrize("query", HOSTILE, ids=lambda q: repr(q[:24]))
 def test_hostile_query_is_plain_text(memory: Memory, query: str) -> None:
-    """No FTS5 error: it would surface as a degraded result (or an exception)."""
+    """No FTS5 error. On the hybrid path one would surface as a degraded result;
+    on the keyword-only path (nothing left to fall back to) as an exception."""
     seed_soups(memory, 10)
     result = memory.recall(query)
     assert not result.degraded, result.reason
-    assert len(result.items) <= 20
+    assert_keyword_path_accepts(memory, query)
+
+
+def assert_keyword_path_accepts(memory: Memory, query: str) -> None:
+    memory.index.available = False
+    try:
+        fallback = memory.recall(query)
+    finally:
+        memory.index.available = True
+    assert fallback.degraded
+    assert fallback.reason == "IndexUnavailable: vector index switched off"
 
 
 @pytest.mark.parametrize("query", ["", " ", "   \t\n  ", "\n"])
@@ -266,9 +281,10 @@ def test_any_text_is_a_safe_query(memory: Memory, text: str) -> None:
         seed_soups(memory, 10)
     result = memory.recall(text)
     assert not result.degraded, result.reason
-    assert len(result.items) <= 20
     if not text.strip():
         assert result.items == []
+    else:
+        assert_keyword_path_accepts(memory, text)
 
 
 # -- degraded fallback --------------------------------------------------------
@@ -437,10 +453,11 @@ def test_tombstoned_episode_is_not_recalled(make_settings: Callable[..., Setting
 
 
 def test_roll_up_does_not_degrade_recall(memory: Memory, clock: ManualClock) -> None:
-    seed_household(memory, clock)
+    ids = seed_household(memory, clock)
     roll_up(memory)
     result = memory.recall("what is the name of our cat?")
     assert not result.degraded, result.reason
+    assert result.refs[:1] == [f"turn:{ids['cat']}"]
 
 
 def test_superseded_fact_is_kept_but_current_one_is_recalled(memory: Memory,
@@ -466,9 +483,8 @@ def test_superseded_fact_ranks_below_its_replacement(memory: Memory, clock: Manu
     clock.advance(days_later * DAY)
     for query in ("Where does Ana live?", "Ana's home city"):
         refs = memory.recall(query).refs
-        assert f"fact:{new}" in refs
-        if f"fact:{old}" in refs:
-            assert refs.index(f"fact:{new}") < refs.index(f"fact:{old}"), (query, refs)
+        assert f"fact:{new}" in refs and f"fact:{old}" in refs, (query, refs)
+        assert refs.index(f"fact:{new}") < refs.index(f"fact:{old}"), (query, refs)
 
 
 # -- recency --------------------------------------------------------------------
@@ -489,6 +505,116 @@ def test_much_older_turn_does_not_outrank_newer(memory: Memory, clock: ManualClo
     refs = result.refs
     assert refs and refs[0] == f"turn:{new}", refs
     by_ref = {i.ref: i for i in result.items}
-    if f"turn:{old}" in by_ref:
-        assert by_ref[f"turn:{old}"].relevance == pytest.approx(by_ref[f"turn:{new}"].relevance)
-        assert by_ref[f"turn:{old}"].score < by_ref[f"turn:{new}"].score
+    assert f"turn:{old}" in by_ref, refs
+    assert by_ref[f"turn:{old}"].relevance == pytest.approx(by_ref[f"turn:{new}"].relevance)
+    assert by_ref[f"turn:{old}"].score < by_ref[f"turn:{new}"].score
+
+
+# -- how a memory reads ---------------------------------------------------------------
+
+# 2023-11-14 22:13:20 UTC, the clock fixture's start
+DAY0 = "2023-11-14"
+
+
+def fact_row(memory: Memory, fact_id: int) -> dict[str, object]:
+    return memory.store.rows("SELECT * FROM facts WHERE id = ?", (fact_id,))[0]
+
+
+@pytest.mark.parametrize(("fact", "text"), [
+    # a user-managed note under any key: the user's own sentence
+    (FactIn(kind="user_specific", subject="user", key="bike_lock", user_managed=True,
+            value="The spare bike lock code is 2718."),
+     f"The spare bike lock code is 2718. (noted {DAY0})"),
+    (FactIn(kind="user_specific", subject="user", key="note-1a2b3c4d5e", user_managed=True,
+            value="the boiler pressure should stay near 1.5 bar"),
+     f"the boiler pressure should stay near 1.5 bar (noted {DAY0})"),
+    (FactIn(kind="user_specific", subject="Ana", key="note-9f8e7d6c5b", user_managed=True,
+            value="She takes her tea without sugar"),
+     f"Ana: She takes her tea without sugar (noted {DAY0})"),
+    # a user-managed value too short to read alone keeps its key
+    (FactIn(kind="user_specific", subject="user", key="wifi_password", user_managed=True,
+            value="hunter2"),
+     f"user wifi password: hunter2 (noted {DAY0})"),
+    # extracted facts: "subject key: value", whatever the key looks like
+    (FactIn(kind="place", subject="Ana", key="lives_in", value="Lisbon"),
+     f"Ana lives in: Lisbon (since {DAY0})"),
+    (FactIn(kind="user_specific", subject="user", key="note-taking_app", value="Obsidian"),
+     f"user note-taking app: Obsidian (since {DAY0})"),
+    (FactIn(kind="user_specific", subject="user", key="allergy",
+            value="I have a severe peanut allergy."),
+     f"I have a severe peanut allergy. (since {DAY0})"),
+    (FactIn(kind="discovery", subject="the city library", key="opening_hours",
+            value="9am to 5pm on weekdays"),
+     f"the city library opening hours: 9am to 5pm on weekdays (found {DAY0})"),
+], ids=lambda v: v.key if isinstance(v, FactIn) else "")
+def test_fact_reads_from_its_kind_and_fields(memory: Memory, fact: FactIn, text: str) -> None:
+    fact_id, _ = memory.add_fact(fact)
+    assert render("fact", fact_row(memory, fact_id), UTC) == text
+
+
+def test_superseded_fact_reads_with_its_window(memory: Memory, clock: ManualClock) -> None:
+    old, _ = memory.add_fact(FactIn(kind="place", subject="Ana", key="lives_in", value="Porto"))
+    clock.advance(3 * DAY)
+    memory.add_fact(FactIn(kind="place", subject="Ana", key="lives_in", value="Lisbon"))
+    assert render("fact", fact_row(memory, old), UTC) == \
+        f"Ana lives in: Porto ({DAY0} to 2023-11-17)"
+
+
+def test_recalled_note_reads_as_the_users_sentence(memory: Memory, clock: ManualClock) -> None:
+    seed_household(memory, clock)
+    note, _ = memory.add_fact(FactIn(kind="user_specific", subject="user", key="bike_lock",
+                                     value="The spare bike lock code is 2718.",
+                                     confidence=1.0, user_managed=True))
+    recaller = household_recaller(memory, UTC)
+    item = next(i for i in recaller.recall("what is the bike lock code?").items
+                if i.ref == f"fact:{note}")
+    assert item.text == f"The spare bike lock code is 2718. (noted {DAY0})"
+
+
+# -- dates in the household's time zone -----------------------------------------------
+
+def household_recaller(memory: Memory, zone: tzinfo) -> Recaller:
+    return Recaller(memory.store, memory.index, memory.embedder, memory.kinds,
+                    memory.settings.recall, memory.clock, zone=zone)
+
+
+@pytest.mark.parametrize(("zone", "utc", "local_date"), [
+    # 23:30 UTC on Friday: already Saturday in Auckland
+    ("Pacific/Auckland", datetime(2026, 3, 6, 23, 30, tzinfo=UTC), "2026-03-07"),
+    # 03:30 UTC on Saturday: still Friday in Los Angeles
+    ("America/Los_Angeles", datetime(2026, 3, 7, 3, 30, tzinfo=UTC), "2026-03-06"),
+])
+def test_recalled_dates_are_the_households(memory: Memory, clock: ManualClock, zone: str,
+                                           utc: datetime, local_date: str) -> None:
+    assert utc.date().isoformat() != local_date
+    clock.set(utc.timestamp())
+    said = memory.add_turn(turn("My sister Ana lives in Porto."))
+    episode = memory.add_episode(EpisodeIn(channel="living-room", source="user",
+                                           gist="Ana moved to Porto for her new job.",
+                                           started_at=utc.timestamp()))
+    fact, _ = memory.add_fact(FactIn(kind="place", subject="Ana", key="lives_in", value="Porto"))
+    result = household_recaller(memory, ZoneInfo(zone)).recall("Where does Ana live?")
+    texts = {i.ref: i.text for i in result.items}
+    assert texts[f"turn:{said}"] == f"[{local_date}] user: My sister Ana lives in Porto."
+    assert texts[f"episode:{episode}"] == f"[{local_date}] Ana moved to Porto for her new job."
+    assert texts[f"fact:{fact}"] == f"Ana lives in: Porto (since {local_date})"
+
+
+@pytest.fixture
+def auckland_system(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("TZ", "Pacific/Auckland")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+@pytest.mark.usefixtures("auckland_system")
+def test_recaller_without_a_zone_uses_the_systems(memory: Memory, clock: ManualClock) -> None:
+    clock.set(datetime(2026, 3, 6, 23, 30, tzinfo=UTC).timestamp())
+    said = memory.add_turn(turn("My sister Ana lives in Porto."))
+    recaller = Recaller(memory.store, memory.index, memory.embedder, memory.kinds,
+                        memory.settings.recall, clock)
+    result = recaller.recall("Where does Ana live?")
+    assert result.items[0].ref == f"turn:{said}"
+    assert result.items[0].text == "[2026-03-07] user: My sister Ana lives in Porto."
