@@ -1,14 +1,18 @@
 """``python -m runtime``: the embedded default, as a short demonstration.
 
-Opens (or creates) the store in the data directory, writes a few turns,
-recalls, and prints what turn-zero recall would inject. The actor runtime and
-the ``reverie`` command build on this.
+Creates a store in a temporary directory (deleted afterwards, so the user's
+real memory is never touched), writes a few turns, recalls, and prints what
+turn-zero recall would inject. ``--data-dir DIR`` uses (and keeps) a store in
+``DIR`` instead. The actor runtime and the ``reverie`` command build on this.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
+import tempfile
+from pathlib import Path
 
 from runtime.config import ConfigError, load_settings
 from runtime.memory import Memory
@@ -23,15 +27,35 @@ DEMO_TURNS = [
 DEMO_QUESTIONS = ["Where does my sister live?", "Any dinner ideas?", "What is a black hole?"]
 
 
-def main() -> int:
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m runtime",
+        description="A short in-process demonstration of Reverie's memory, without Ray. "
+                    "It uses a temporary store unless --data-dir is given.")
+    p.add_argument("--data-dir", type=Path, metavar="DIR",
+                   help="use (and keep) the store in DIR instead of a temporary one")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.data_dir is not None:
+        return demo(args.data_dir.expanduser(), temporary=False)
+    with tempfile.TemporaryDirectory(prefix="reverie-demo-") as tmp:
+        return demo(Path(tmp), temporary=True)
+
+
+def demo(data_dir: Path, temporary: bool) -> int:
     try:
-        settings = load_settings()
+        # The demo's store wins over REVERIE_DATA_DIR and any configured data_dir.
+        settings = load_settings(overrides={"store": {"data_dir": str(data_dir)}})
     except ConfigError as exc:
         print(f"reverie: configuration error: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=settings.log_level, format="%(levelname)s %(name)s: %(message)s")
     with Memory(settings) as memory:
-        print(f"store: {settings.store.path}")
+        where = " (temporary, deleted on exit; --data-dir DIR keeps one)" if temporary else ""
+        print(f"store: {settings.store.path}{where}")
         if memory.counts()["transcript"] == 0:
             memory.add_turns([TurnIn(channel="demo", source="user", content=t)
                               for t in DEMO_TURNS])

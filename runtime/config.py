@@ -1,32 +1,91 @@
 """Typed settings for Reverie.
 
 Settings are read once, at the edge (the command line, a benchmark, a test),
-from a TOML file plus environment overrides, and handed to services as plain
-values. The default file is ``configs/reverie.toml``: one SQLite file under a
-data directory, no network services.
+and handed to services as plain values. They are layered, each layer over the
+one before:
 
-Environment overrides use ``REVERIE_<SECTION>__<FIELD>`` (for example
-``REVERIE_RECALL__MAX_ITEMS=10``). ``REVERIE_DATA_DIR`` chooses the data
-directory. Any broken file or value raises :class:`ConfigError` naming the
-field at fault.
+1. the packaged defaults, ``reverie.toml`` of the ``configs`` package shipped
+   in the wheel (:data:`CONFIG_DIR`): one SQLite file under a data directory,
+   no network services;
+2. one configuration file: the path given, else ``$REVERIE_CONFIG``, else the
+   user's file (:func:`default_user_config_path`, written by ``reverie init``)
+   when it exists. Its sections merge into the defaults: a setting it does not
+   name keeps its default;
+3. the environment: ``REVERIE_<SECTION>__<FIELD>`` (for example
+   ``REVERIE_RECALL__MAX_ITEMS=10``), ``REVERIE_DATA_DIR`` (the data
+   directory), and one language-model provider from ``REVERIE_LLM_*``
+   (:func:`env_provider`), put before the configured ones;
+4. explicit ``overrides`` from the caller.
+
+Any broken file or value raises :class:`ConfigError` naming the field (or the
+environment variable) at fault.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import tomllib
 from collections.abc import Mapping
+from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from runtime.clock import household_zone
 
 log = logging.getLogger(__name__)
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+PACKAGED_FILES = ("reverie.toml", "profiles.toml", "fact_kinds.toml")
+
+
+def _packaged_config_dir() -> Path:
+    """The directory of the ``configs`` package, found through the import system
+    (so from the installed wheel, wherever it lives).
+
+    A source checkout whose editable install predates ``configs`` being a
+    package does not map it; there, the ``configs`` directory beside ``runtime``
+    is used. A zipped install (no real directory) is refused."""
+    try:
+        found = resources.files("configs").joinpath(PACKAGED_FILES[0])
+    except ModuleNotFoundError:
+        found = None
+    candidates = [found.parent] if isinstance(found, Path) else []
+    candidates.append(Path(__file__).resolve().parent.parent / "configs")
+    for directory in candidates:
+        if all((directory / name).is_file() for name in PACKAGED_FILES):
+            return directory
+    raise ImportError("reverie's packaged configuration (the 'configs' package: "
+                      f"{', '.join(PACKAGED_FILES)}) is missing or not a directory on disk; "
+                      "reinstall reverie")
+
+
+#: The packaged default configuration files (``reverie.toml``, ``profiles.toml``,
+#: ``fact_kinds.toml``), from the installed ``configs`` package.
+CONFIG_DIR = _packaged_config_dir()
 DEFAULT_CONFIG = CONFIG_DIR / "reverie.toml"
 ENV_PREFIX = "REVERIE_"
+# A language-model provider from the environment (see env_provider).
+LLM_ENV = {
+    "base_url": "REVERIE_LLM_BASE_URL",
+    "model": "REVERIE_LLM_MODEL",
+    "api_key_env": "REVERIE_LLM_API_KEY_ENV",
+    "name": "REVERIE_LLM_NAME",
+    "timeout_s": "REVERIE_LLM_TIMEOUT_S",
+}
+# Used as api_key_env when REVERIE_LLM_API_KEY_ENV is unset and this is set.
+LLM_KEY_VAR = "REVERIE_LLM_API_KEY"
+ENV_VAR_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
 
 class ConfigError(ValueError):
@@ -79,7 +138,7 @@ class ProviderSettings(_Section):
     base_url: str = Field(pattern=r"^https?://")
     model: str = Field(min_length=1)
     # The NAME of the environment variable holding the API key; never the key itself.
-    api_key_env: str | None = None
+    api_key_env: str | None = Field(default=None, pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")
     timeout_s: float = Field(default=30.0, gt=0, le=600)
 
 
@@ -88,6 +147,20 @@ class LLMSettings(_Section):
     offline_fallback: bool = True
     max_tokens: int = Field(default=512, ge=1, le=32768)
     temperature: float = Field(default=0.7, ge=0.0, le=2.0)
+
+
+class HouseholdSettings(_Section):
+    """The household: its time zone names the prompt's clock and memory dates."""
+
+    # An IANA zone name ("Europe/Lisbon"); empty: the system's zone.
+    timezone: str = ""
+
+    @field_validator("timezone")
+    @classmethod
+    def _known_zone(cls, value: str) -> str:
+        value = value.strip()
+        household_zone(value)  # ValueError: unknown time zone
+        return value
 
 
 class PersonaSettings(_Section):
@@ -140,6 +213,7 @@ class Settings(_Section):
     runtime: RuntimeSettings = RuntimeSettings()
     channels: dict[str, ChannelSettings] = Field(default_factory=_default_channels)
     persona: PersonaSettings = PersonaSettings()
+    household: HouseholdSettings = HouseholdSettings()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @model_validator(mode="after")
@@ -202,6 +276,8 @@ def read_toml(path: Path) -> dict[str, Any]:
             return tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such configuration file") from None
+    except OSError as exc:  # a directory, no permission
+        raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
 
@@ -217,24 +293,122 @@ def _resolve_relative_files(data: dict[str, Any], base: Path) -> None:
             memory[name] = str(base / value)
 
 
+def _home(env: Mapping[str, str]) -> Path | None:
+    home = env.get("HOME", "")
+    return Path(home) if home and os.path.isabs(home) else None
+
+
+def _user_config_in(env: Mapping[str, str]) -> Path | None:
+    """The user's configuration file as ``env`` alone says, or None when it names
+    no home (``load_settings(env={})`` stays independent of the real user)."""
+    if env.get("REVERIE_CONFIG"):
+        return Path(env["REVERIE_CONFIG"]).expanduser()
+    xdg = env.get("XDG_CONFIG_HOME", "")
+    # The XDG spec says relative values are invalid and must be ignored.
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "reverie" / "reverie.toml"
+    home = _home(env)
+    return home / ".config" / "reverie" / "reverie.toml" if home else None
+
+
+def default_user_config_path(env: Mapping[str, str] | None = None) -> Path:
+    """Where the user's configuration lives: ``$REVERIE_CONFIG`` if set, else
+    ``$XDG_CONFIG_HOME/reverie/reverie.toml``, else ``~/.config/reverie/reverie.toml``
+    (``~`` from ``HOME`` in ``env``, else the account's home directory)."""
+    env = os.environ if env is None else env
+    found = _user_config_in(env)
+    return found if found is not None else Path.home() / ".config" / "reverie" / "reverie.toml"
+
+
+def _env_value(env: Mapping[str, str], var: str) -> str:
+    return env.get(var, "").strip()
+
+
+def env_provider(env: Mapping[str, str]) -> dict[str, Any] | None:
+    """One language-model provider from the environment, or None when none is set.
+
+    ``REVERIE_LLM_BASE_URL`` and ``REVERIE_LLM_MODEL`` are required;
+    ``REVERIE_LLM_API_KEY_ENV`` is the *name* of the variable holding the key
+    (default: ``REVERIE_LLM_API_KEY`` when that is set, else no key);
+    ``REVERIE_LLM_NAME`` (default ``env``) and ``REVERIE_LLM_TIMEOUT_S`` are
+    optional. A bad or missing value raises :class:`ConfigError` naming the
+    variable, never quoting its value (it could be a key put in the wrong place).
+    """
+    values = {field: _env_value(env, var) for field, var in LLM_ENV.items()}
+    if not any(values.values()):
+        return None
+    for field in ("base_url", "model"):
+        if not values[field]:
+            others = ", ".join(LLM_ENV[f] for f, v in values.items() if v)
+            raise ConfigError(f"{LLM_ENV[field]}: not set, but {others} is; a provider from "
+                              "the environment needs REVERIE_LLM_BASE_URL and REVERIE_LLM_MODEL")
+    if values["api_key_env"]:
+        if not re.match(ENV_VAR_NAME, values["api_key_env"]):
+            raise ConfigError(f"{LLM_ENV['api_key_env']}: must be the NAME of the environment "
+                              "variable that holds the API key (letters, digits, _), "
+                              "not the key itself")
+    elif _env_value(env, LLM_KEY_VAR):
+        values["api_key_env"] = LLM_KEY_VAR
+    raw = {field: value for field, value in values.items() if value}
+    raw.setdefault("name", "env")
+    try:
+        provider = ProviderSettings.model_validate(raw)
+    except ValidationError as exc:
+        problems = []
+        for e in exc.errors():
+            field = str(e["loc"][0]) if e["loc"] else ""
+            problems.append(f"{LLM_ENV.get(field, 'REVERIE_LLM_*')}: {e['msg']}")
+        raise ConfigError("; ".join(problems)) from None
+    if not urlsplit(provider.base_url).hostname:
+        raise ConfigError(f"{LLM_ENV['base_url']}: the URL has no host")
+    if provider.api_key_env and not env.get(provider.api_key_env):
+        log.warning("llm provider %s from the environment: the variable named for its API "
+                    "key is not set; requests go without a key", provider.name)
+    log.debug("llm provider %s from the environment", provider.name)
+    return raw
+
+
+def _read_layer(path: Path) -> dict[str, Any]:
+    data = read_toml(path)
+    _resolve_relative_files(data, path.parent)
+    return data
+
+
 def load_settings(
     path: Path | None = None,
     env: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> Settings:
-    """Load settings from ``path`` (default: ``$REVERIE_CONFIG`` or the shipped
-    file), then the environment, then explicit ``overrides``."""
+    """Load settings: the packaged defaults, then one file (``path``, else
+    ``$REVERIE_CONFIG``, else the user's file when it exists), then the
+    environment, then explicit ``overrides`` (see the module's docstring).
+
+    ``env`` (default: ``os.environ``) is the only environment read: with an
+    ``env`` naming neither ``REVERIE_CONFIG``, ``XDG_CONFIG_HOME`` nor ``HOME``,
+    no user file is looked for."""
     env = os.environ if env is None else env
     if path is None:
-        path = Path(env["REVERIE_CONFIG"]) if env.get("REVERIE_CONFIG") else DEFAULT_CONFIG
-    data = read_toml(path)
-    _resolve_relative_files(data, path.parent)
+        user = _user_config_in(env)
+        if env.get("REVERIE_CONFIG") or (user is not None and user.is_file()):
+            path = user
+    data = _read_layer(DEFAULT_CONFIG)
+    origin = DEFAULT_CONFIG
+    if path is not None and path.expanduser() != DEFAULT_CONFIG:
+        origin = path.expanduser()
+        data = _merge(data, _read_layer(origin))
     data = _merge(data, _env_overrides(env))
+    provider = env_provider(env)
+    if provider is not None:
+        llm = data.get("llm", {})
+        if isinstance(llm, dict):
+            configured = llm.get("providers", [])
+            providers = [provider, *configured] if isinstance(configured, list) else configured
+            data["llm"] = {**llm, "providers": providers}
     if overrides:
         data = _merge(data, overrides)
     try:
         settings = Settings.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_error(exc, str(path))) from None
-    log.debug("settings loaded from %s", path)
+        raise ConfigError(_format_error(exc, str(origin))) from None
+    log.debug("settings loaded from %s", origin)
     return settings

@@ -8,7 +8,11 @@ status, malformed response, refused or dropped connection).
   (Ollama, llama.cpp server, vLLM, OpenAI) over the standard library's HTTP
   client. The API key is read from the environment variable *named* in the
   settings at each call, sent only as a bearer header, and never logged or put
-  in an error message (response excerpts are scrubbed of it).
+  in an error message.
+* Nothing a provider says goes into a log line or an error message: an error
+  body can echo the prompt (the household's memories), so errors carry the
+  provider, the HTTP status, the body's size and at most the provider's short
+  error type/code identifiers, never the body's text.
 * :class:`OfflineProvider` is the built-in provider used when no endpoint is
   configured or all of them fail: deterministic, no network, lower quality.
 * :class:`FallbackChain` tries providers in order and keeps a visible
@@ -23,6 +27,7 @@ import http.client
 import json
 import logging
 import os
+import re
 import threading
 import urllib.error
 import urllib.request
@@ -38,8 +43,13 @@ log = logging.getLogger(__name__)
 
 # A chat completion is small; anything beyond this is not a reply we can use.
 MAX_RESPONSE_BYTES = 4 * 1024 * 1024
-# How much of an error body goes into an exception message.
-BODY_EXCERPT_CHARS = 200
+# How much of an error body is read (to measure it and find its error type/code).
+ERROR_BODY_READ_BYTES = 64 * 1024
+# Only identifier-like error types/codes ("rate_limit_exceeded", "model_not_found")
+# are reported; anything else could be text the provider echoed from the prompt.
+_ERROR_ID = re.compile(r"^[A-Za-z0-9_.:-]{1,48}$")
+# Length cap for an OS/network error's own text (never a response body).
+_REASON_CHARS = 200
 # Consecutive failed calls after which FallbackChain.notice is shown.
 NOTICE_AFTER_FAILURES = 2
 
@@ -149,6 +159,25 @@ def _one_line(text: str, limit: int) -> str:
     return flat if len(flat) <= limit else flat[: limit - 1] + "…"
 
 
+def _size(n: int, capped: bool = False) -> str:
+    return f"{n}+ bytes" if capped else f"{n} byte" + ("" if n == 1 else "s")
+
+
+def _error_ids(body: bytes) -> str:
+    """The provider's error ``type``/``code`` from an OpenAI-style JSON error body,
+    when they are short identifiers; never its message or anything else."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return ""
+    error = data.get("error") if isinstance(data, dict) else None
+    if not isinstance(error, dict):
+        return ""
+    ids = [f"{field}={error[field]}" for field in ("type", "code")
+           if isinstance(error.get(field), str) and _ERROR_ID.match(error[field])]
+    return ", ".join(ids)
+
+
 class OpenAICompatibleProvider:
     """An OpenAI-compatible chat-completions endpoint.
 
@@ -167,13 +196,15 @@ class OpenAICompatibleProvider:
             raise ConfigError(f"llm.providers: {settings.name}: base_url has no host: "
                               f"{settings.base_url!r}")
         self._where = parts.netloc.rpartition("@")[2]  # host[:port], never user info
+        # The endpoint without user info, for repr() and logs.
+        self._shown_url = f"{parts.scheme}://{self._where}{parts.path}"
         self._api_key_env = settings.api_key_env or None
         self._timeout_s = settings.timeout_s
         self._default_max_tokens = default_max_tokens
         self._default_temperature = default_temperature
 
     def __repr__(self) -> str:
-        return (f"OpenAICompatibleProvider(name={self.name!r}, url={self.url!r}, "
+        return (f"OpenAICompatibleProvider(name={self.name!r}, url={self._shown_url!r}, "
                 f"model={self.model!r})")
 
     def _api_key(self) -> str | None:
@@ -203,8 +234,8 @@ class OpenAICompatibleProvider:
             headers["Authorization"] = f"Bearer {key}"
         req = urllib.request.Request(self.url, data=json.dumps(body).encode("utf-8"),
                                      headers=headers, method="POST")
-        log.debug("llm %s: POST %s model=%s messages=%d", self.name, self.url, self.model,
-                  len(request.messages))
+        log.debug("llm %s: POST %s model=%s messages=%d", self.name, self._shown_url,
+                  self.model, len(request.messages))
         raw = self._post(req, key)
         return self._parse(raw, key)
 
@@ -214,15 +245,20 @@ class OpenAICompatibleProvider:
             with opener.open(req, timeout=self._timeout_s) as resp:
                 raw: bytes = resp.read(MAX_RESPONSE_BYTES + 1)
         except urllib.error.HTTPError as exc:
+            # The body is measured, never quoted: it can echo the prompt.
             try:
-                excerpt = exc.read(4096).decode("utf-8", "replace")
+                body = exc.read(ERROR_BODY_READ_BYTES + 1)
             except (OSError, http.client.HTTPException):
-                excerpt = ""
+                body = b""
             finally:
                 exc.close()
-            excerpt = _one_line(excerpt, BODY_EXCERPT_CHARS) if excerpt.strip() else "(empty body)"
-            raise self._error(LLMErrorKind.HTTP_STATUS, f"HTTP {exc.code} from {self._where}: "
-                              f"{excerpt}", key, status=exc.code) from None
+            ids = _error_ids(body[:ERROR_BODY_READ_BYTES])
+            size = _size(min(len(body), ERROR_BODY_READ_BYTES),
+                         capped=len(body) > ERROR_BODY_READ_BYTES)
+            extra = f"; {ids}" if ids else ""
+            raise self._error(LLMErrorKind.HTTP_STATUS,
+                              f"HTTP {exc.code} from {self._where} ({size}{extra})", key,
+                              status=exc.code) from None
         except urllib.error.URLError as exc:
             raise self._network_error(exc.reason, key) from None
         except (OSError, http.client.HTTPException) as exc:
@@ -243,8 +279,12 @@ class OpenAICompatibleProvider:
             return self._error(LLMErrorKind.CONNECTION,
                                f"{self._where} closed the connection without a response", key)
         what = type(reason).__name__ if isinstance(reason, BaseException) else "error"
+        if isinstance(reason, http.client.HTTPException):
+            # Its text quotes what the server sent (a bad status line): never shown.
+            return self._error(LLMErrorKind.CONNECTION,
+                               f"{what} talking to {self._where}", key)
         return self._error(LLMErrorKind.CONNECTION, f"{what} talking to {self._where}: "
-                           f"{_one_line(str(reason), BODY_EXCERPT_CHARS)}", key)
+                           f"{_one_line(str(reason), _REASON_CHARS)}", key)
 
     def _parse(self, raw: bytes, key: str | None) -> Completion:
         def bad(why: str) -> LLMError:
@@ -253,9 +293,7 @@ class OpenAICompatibleProvider:
         try:
             data = json.loads(raw)
         except (ValueError, RecursionError):
-            excerpt = _one_line(raw[:BODY_EXCERPT_CHARS * 2].decode("utf-8", "replace"),
-                                BODY_EXCERPT_CHARS)
-            raise bad(f"response is not JSON: {excerpt or '(empty body)'}") from None
+            raise bad(f"response is not JSON ({_size(len(raw))})") from None
         if not isinstance(data, dict):
             raise bad(f"response is a JSON {type(data).__name__}, not an object")
         choices = data.get("choices")
@@ -339,8 +377,9 @@ class OfflineProvider:
 class FallbackChain:
     """Tries each provider in order and returns the first completion.
 
-    A provider's :class:`LLMError` is logged as a warning and the next one is
-    tried; when all fail, :class:`AllProvidersFailed` lists every error.
+    A provider's :class:`LLMError` is logged as a warning (provider, kind,
+    status, and the error's content-free detail) and the next one is tried;
+    when all fail, :class:`AllProvidersFailed` lists every error.
 
     A call *fails* when no real language model answered: every provider failed,
     or only a last-resort provider (:class:`OfflineProvider`) did, after at least
@@ -384,8 +423,8 @@ class FallbackChain:
             try:
                 completion = provider.complete(request)
             except LLMError as exc:
-                log.warning("llm provider %s failed (%s): %s", provider.name, exc.kind,
-                            exc.detail)
+                log.warning("llm provider %s failed (%s%s): %s", provider.name, exc.kind,
+                            f" {exc.status}" if exc.status else "", exc.detail)
                 errors.append(exc)
                 continue
             if not getattr(provider, "last_resort", False):

@@ -210,7 +210,9 @@ class PersonaLoader:
             # instead of failing; invalid bytes still raise.
             text = decoder.decode(data[:MAX_FILE_BYTES], final=not truncated)
         except UnicodeDecodeError as e:
-            log.warning("persona file %s is not valid UTF-8 (%s); skipped", path, e)
+            # The position only: the error's own text quotes the file's bytes.
+            log.warning("persona file %s is not valid UTF-8 (at byte %d); skipped", path,
+                        e.start)
             return sig, None
         text = text.replace("\r\n", "\n").replace("\r", "\n")
         if not text.strip():

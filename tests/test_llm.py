@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 import socket
+import threading
 import traceback
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import pytest
 from fake_openai import FakeOpenAI, Mode, fake_openai_fixture  # noqa: F401
 
-from runtime.config import ConfigError, LLMSettings, ProviderSettings
+from runtime.config import ConfigError, LLMSettings, ProviderSettings, load_settings
 from runtime.llm import (
     AllProvidersFailed,
     ChatMessage,
@@ -140,13 +144,13 @@ def test_bearer_header_only_when_key_env_is_set(fake_openai: FakeOpenAI,
 
 FAILURES = [
     (Mode.HTTP_500, LLMErrorKind.HTTP_STATUS, "HTTP 500"),
-    (Mode.HTTP_429, LLMErrorKind.HTTP_STATUS, "rate limited"),
+    (Mode.HTTP_429, LLMErrorKind.HTTP_STATUS, "HTTP 429"),
     (Mode.MALFORMED_JSON, LLMErrorKind.MALFORMED, "not JSON"),
     (Mode.NO_CHOICES, LLMErrorKind.MALFORMED, "no 'choices'"),
     (Mode.EMPTY_CHOICES, LLMErrorKind.MALFORMED, "empty 'choices'"),
     (Mode.NULL_CONTENT, LLMErrorKind.MALFORMED, "content is not a string"),
     (Mode.CLOSE, LLMErrorKind.CONNECTION, "closed the connection"),
-    (Mode.HTTP_500_ECHO_AUTH, LLMErrorKind.HTTP_STATUS, "[redacted]"),
+    (Mode.HTTP_500_ECHO_AUTH, LLMErrorKind.HTTP_STATUS, "HTTP 500"),
 ]
 
 
@@ -340,3 +344,120 @@ def test_chain_of_plain_providers_and_protocol() -> None:
     assert isinstance(chain, LLMProvider)
     with pytest.raises(ValueError):
         FallbackChain([])
+
+
+# --------------------------------------------------------------------------- no content in logs
+
+# What the user said; a provider's error body may echo it back.
+MARKER = "MARKER-locker-code-48151623"
+ECHO_REQUEST = LLMRequest(messages=[ChatMessage(role="user",
+                                                content=f"the locker code is {MARKER}")],
+                          memories=[f"Remembered: {MARKER}"])
+
+
+class _EchoHandler(BaseHTTPRequestHandler):
+    """Answers every POST with ``server.status`` and a body that quotes the request,
+    as providers' validation errors do."""
+
+    server: _EchoServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.server.status == 200:  # a 2xx that is not JSON, quoting the prompt
+            payload = b"upstream said: " + raw
+        else:
+            payload = json.dumps({"error": {
+                "message": "invalid request: " + raw.decode("utf-8", "replace"),
+                "type": "invalid_request_error", "code": "context_length_exceeded"}}).encode()
+        self.server.sizes.append(len(payload))
+        self.send_response(self.server.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+
+class _EchoServer(ThreadingHTTPServer):
+    daemon_threads = True
+    status = 400
+    sizes: list[int]
+
+
+@pytest.fixture
+def echo_server() -> Iterator[_EchoServer]:
+    server = _EchoServer(("127.0.0.1", 0), _EchoHandler)
+    server.sizes = []
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                              daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def _logged(caplog: pytest.LogCaptureFixture) -> str:
+    """Everything every captured record would print, tracebacks included."""
+    handler = logging.StreamHandler()
+    return "\n".join(handler.format(r) for r in caplog.records)
+
+
+@pytest.mark.parametrize("status", [400, 500, 200])
+def test_provider_bodies_echoing_the_prompt_never_reach_logs_or_errors(
+        echo_server: _EchoServer, caplog: pytest.LogCaptureFixture, status: int) -> None:
+    caplog.set_level(logging.DEBUG)  # every logger, not only runtime.llm
+    echo_server.status = status
+    url = f"http://127.0.0.1:{echo_server.server_address[1]}/v1"
+    llm = make_llm(LLMSettings(offline_fallback=False,
+                               providers=[provider_settings(url, "echoing")]))
+    for _ in range(2):  # the second failure also logs the chain's error line
+        with pytest.raises(AllProvidersFailed) as info:
+            llm.complete(ECHO_REQUEST)
+    err = info.value
+    assert MARKER not in "".join(traceback.format_exception(err))
+    assert MARKER not in (llm.notice or "")
+    logged = _logged(caplog)
+    assert MARKER not in logged
+    assert "invalid request" not in logged and "upstream said" not in logged
+    # ...while what is needed to diagnose the failure is there: provider, status, size.
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings and all("echoing" in w for w in warnings)
+    size = f"{echo_server.sizes[-1]} bytes"
+    if status == 200:
+        assert all("malformed" in w and "not JSON" in w and size in w for w in warnings)
+    else:
+        assert all(f"http_status {status}" in w and size in w for w in warnings)
+        # short error identifiers are kept; they are not the user's words
+        assert all("code=context_length_exceeded" in w for w in warnings)
+    assert any(r.levelno == logging.ERROR and "echoing" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_provider_repr_and_logs_hide_user_info_in_the_url(
+        fake_openai: FakeOpenAI, caplog: pytest.LogCaptureFixture) -> None:
+    url = fake_openai.base_url.replace("http://", "http://alice:hunter2pw@")
+    provider = http_provider(url)
+    with pytest.raises(LLMError) as info:  # urllib does not send URL credentials; fine
+        provider.complete(REQUEST)
+    assert "hunter2pw" not in "".join(traceback.format_exception(info.value))
+    assert "hunter2pw" not in repr(provider)
+    assert "hunter2pw" not in _logged(caplog)
+
+
+def test_provider_from_the_environment_is_tried_first_with_the_named_key(
+        fake_openai: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(KEY_ENV, KEY)  # the provider reads the key at call time
+    settings = load_settings(env={"REVERIE_LLM_BASE_URL": fake_openai.base_url,
+                                  "REVERIE_LLM_MODEL": "env-model",
+                                  "REVERIE_LLM_API_KEY_ENV": KEY_ENV, KEY_ENV: KEY})
+    llm = make_llm(settings.llm)
+    assert [p.name for p in llm.providers] == ["env", "offline"]
+    completion = llm.complete(REQUEST)
+    assert (completion.provider, completion.model) == ("env", "env-model")
+    assert fake_openai.last.headers["authorization"] == f"Bearer {KEY}"
+    assert KEY not in repr(llm)
