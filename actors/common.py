@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import ray
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from runtime.clock import Clock, SystemClock
 from runtime.config import Settings
@@ -25,6 +26,11 @@ TURNS = "turns"
 SUPERVISOR = "supervisor"
 ACTORS = (EMBEDDER, TRANSCRIPT, RECALL, EPISODES, GRAPH, TURNS)
 
+# Which actor owns (and alone changes) each kind of memory, by ref prefix.
+OWNERS: dict[str, str] = {"turn": TRANSCRIPT, "episode": EPISODES, "fact": GRAPH}
+
+M = TypeVar("M", bound=BaseModel)
+
 
 class BadRequest(ValueError):
     """The request itself is wrong (empty text, unknown channel, too large...).
@@ -41,6 +47,33 @@ def bad_request(exc: ValidationError | ValueError) -> BadRequest:
             parts.append(f"{field}: {err['msg']}")
         return BadRequest("; ".join(parts))
     return BadRequest(str(exc))
+
+
+def accept(cls: type[M], msg: object) -> M:
+    """``msg`` as a valid ``cls``, checked again on arrival, or :class:`BadRequest`.
+
+    A sender can skip pydantic (``model_construct``, a plain dict, another
+    language): an actor never trusts that a message was validated where it was
+    built."""
+    data = msg.model_dump() if isinstance(msg, BaseModel) else msg
+    try:
+        return cls.model_validate(data)
+    except ValidationError as exc:
+        raise bad_request(exc) from None
+
+
+def own_ref(ref: str, kind: str) -> int:
+    """The id in ``ref`` when it names a ``kind`` (``turn:12`` -> 12), else BadRequest."""
+    from runtime.refs import parse_ref
+
+    try:
+        parsed = parse_ref(ref)
+    except ValueError as exc:
+        raise bad_request(exc) from None
+    if parsed.kind != kind:
+        owner = OWNERS.get(parsed.kind, "?")
+        raise BadRequest(f"{ref} is not a {kind}; send it to the {owner} actor")
+    return int(parsed.id)
 
 
 def unwrap(exc: BaseException) -> BaseException:
@@ -65,7 +98,8 @@ def load_profiles(settings: Settings) -> MemoryProfiles:
 
 
 def actor(name: str, namespace: str) -> Any:
-    """A handle to a running named actor."""
+    """A handle to a running named actor (for scripts and the CLI; actors hold
+    typed clients from :mod:`actors.handles`)."""
     return ray.get_actor(name, namespace=namespace)
 
 
@@ -74,37 +108,37 @@ class Notifier:
 
     A writer tells Recall "there is something new to index" after each commit;
     while one notification is still pending, further ones are coalesced, so a
-    burst of writes never piles thousands of calls on the Recall actor."""
+    burst of writes never piles thousands of calls on the Recall actor.
+    ``send`` submits one notification and returns its object ref (for example
+    :meth:`actors.handles.RecallClient.sync_some_async`)."""
 
-    def __init__(self, namespace: str, target: str, method: str) -> None:
-        self.namespace = namespace
-        self.target = target
-        self.method = method
+    def __init__(self, send: Callable[[], Any], what: str) -> None:
+        self.send = send
+        self.what = what
         self._pending: Any = None
         self._again = False
 
-    def __call__(self, *args: Any) -> None:
+    def __call__(self) -> None:
         if self._pending is not None:
             ready, _ = ray.wait([self._pending], timeout=0)
             if not ready:
                 self._again = True
                 return
             self._collect()
-        self._send(*args)
+        self._send()
 
     def _collect(self) -> None:
         try:
             ray.get(self._pending, timeout=0)
         except Exception as exc:  # logged, never raised: the next sync catches up
-            log.warning("%s.%s notification failed: %s", self.target, self.method, exc)
+            log.warning("%s notification failed: %s", self.what, type(exc).__name__)
         self._pending = None
 
-    def _send(self, *args: Any) -> None:
+    def _send(self) -> None:
         try:
-            handle = actor(self.target, self.namespace)
-            self._pending = getattr(handle, self.method).remote(*args)
+            self._pending = self.send()
         except Exception as exc:
-            log.warning("cannot notify %s: %s", self.target, exc)
+            log.warning("cannot send %s: %s", self.what, type(exc).__name__)
             self._pending = None
         self._again = False
 

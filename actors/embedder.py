@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
-import ray
 
-from actors.common import EMBEDDER, setup_logging
+from actors.common import EMBEDDER, accept, setup_logging
+from actors.handles import EmbedderClient
 from actors.messages import Embed, Embedded
 from runtime.config import Settings
 from runtime.embedder import make_embedder
@@ -27,6 +26,7 @@ class EmbedderActor:
         return self.embedder.name, self.embedder.dim
 
     def embed(self, msg: Embed) -> Embedded:
+        msg = accept(Embed, msg)
         return Embedded.of(self.embedder.name, self.embedder.embed(msg.texts))
 
     def ping(self) -> str:
@@ -36,14 +36,11 @@ class EmbedderActor:
 class RemoteEmbedder:
     """The :class:`runtime.embedder.Embedder` protocol, answered by the Embedder actor."""
 
-    def __init__(self, handle: Any, timeout_s: float = 60.0) -> None:
-        self.handle = handle
-        self.timeout_s = timeout_s
-        self.name, self.dim = ray.get(handle.info.remote(), timeout=timeout_s)
+    def __init__(self, client: EmbedderClient) -> None:
+        self.client = client
+        self.name, self.dim = client.info()
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:
             return np.empty((0, self.dim), dtype=np.float32)
-        reply: Embedded = ray.get(self.handle.embed.remote(Embed(texts=list(texts))),
-                                  timeout=self.timeout_s)
-        return reply.array()
+        return self.client.embed(Embed(texts=list(texts))).array()

@@ -7,20 +7,21 @@ import logging
 from pydantic import ValidationError
 
 from actors.common import (
-    RECALL,
     BadRequest,
     Notifier,
-    actor,
+    accept,
     bad_request,
     load_profiles,
     open_store,
+    own_ref,
     setup_logging,
 )
+from actors.handles import RecallClient, change_memory
 from actors.messages import (
     Ack,
     AddEpisode,
     AddFact,
-    ChangeFact,
+    ChangeMemory,
     DropFromIndex,
     EpisodeWritten,
     FactWritten,
@@ -36,21 +37,34 @@ log = logging.getLogger(__name__)
 class EpisodesActor:
     def __init__(self, settings: Settings) -> None:
         setup_logging(settings, "episodes")
-        self.namespace = settings.runtime.namespace
         self.store = open_store(settings)
         self.episodes = EpisodeService(self.store, load_profiles(settings))
-        self.notify_recall = Notifier(self.namespace, RECALL, "sync_some")
+        self.recall = RecallClient(settings.runtime.namespace)
+        self.notify_recall = Notifier(self.recall.sync_some_async, "recall.sync_some")
 
     def add(self, msg: AddEpisode) -> EpisodeWritten:
+        """Write an episode; a source that may not become episodes is refused
+        (the service's decision: ``MutedSource``)."""
+        msg = accept(AddEpisode, msg)
         try:
             episode_id = self.episodes.add(msg.episode, msg.writer)
-        except (ValidationError, ValueError) as exc:
+        except (ValidationError, ValueError) as exc:  # MutedSource is a ValueError
             raise bad_request(exc) from None
-        recall = actor(RECALL, self.namespace)
         for child in msg.episode.children:  # tombstoned: out of the index
-            recall.drop.remote(DropFromIndex(kind="episode", item_id=child))
+            self.recall.drop_async(DropFromIndex(kind="episode", item_id=child))
         self.notify_recall()
         return EpisodeWritten(episode_id=episode_id)
+
+    def change(self, msg: ChangeMemory) -> Ack:
+        """Disable, enable or forget one episode; then bring the index in step."""
+        msg = accept(ChangeMemory, msg)
+        episode_id = own_ref(msg.ref, "episode")
+        if self.episodes.get(episode_id) is None:
+            raise BadRequest(f"no episode {episode_id}")
+        change_memory(self.recall, "episode", episode_id, msg.change,
+                      lambda off: self.episodes.set_disabled(episode_id, off, msg.writer),
+                      lambda: self.episodes.forget(episode_id, msg.writer))
+        return Ack(detail=f"episode {episode_id} {msg.change}d")
 
     def ping(self) -> str:
         return "ok"
@@ -60,31 +74,33 @@ class GraphActor:
     def __init__(self, settings: Settings) -> None:
         setup_logging(settings, "graph")
         self.store = open_store(settings)
-        self.profiles = load_profiles(settings)
-        self.graph = GraphService(self.store, FactKinds.load(settings.memory.fact_kinds_file))
-        self.notify_recall = Notifier(settings.runtime.namespace, RECALL, "sync_some")
+        self.graph = GraphService(self.store, FactKinds.load(settings.memory.fact_kinds_file),
+                                  load_profiles(settings))
+        self.recall = RecallClient(settings.runtime.namespace)
+        self.notify_recall = Notifier(self.recall.sync_some_async, "recall.sync_some")
 
     def add(self, msg: AddFact) -> FactWritten:
-        """Write a fact; an unknown kind or a source that may not feed facts is refused."""
-        if not self.profiles.for_source(msg.fact.source).facts:
-            raise BadRequest(f"source {msg.fact.source!r} does not feed facts")
+        """Write a fact; an unknown kind or a source that may not feed facts is
+        refused (the service's decisions: ``UnknownFactKind``, ``MutedSource``)."""
+        msg = accept(AddFact, msg)
         try:
             fact_id, decision = self.graph.add(msg.fact, msg.writer)
-        except (ValidationError, ValueError) as exc:  # UnknownFactKind is a ValueError
+        except (ValidationError, ValueError) as exc:  # both are ValueErrors
             raise bad_request(exc) from None
         self.notify_recall()
         return FactWritten(fact_id=fact_id, action=decision.action)
 
-    def change(self, msg: ChangeFact) -> Ack:
-        if self.graph.get(msg.fact_id) is None:
-            raise BadRequest(f"no fact {msg.fact_id}")
-        if msg.change == "disable":
-            self.graph.disable(msg.fact_id, msg.writer)
-        elif msg.change == "enable":
-            self.graph.enable(msg.fact_id, msg.writer)
-        else:
-            self.graph.delete(msg.fact_id, msg.writer)
-        return Ack(detail=f"fact {msg.fact_id} {msg.change}d")
+    def change(self, msg: ChangeMemory) -> Ack:
+        """Disable, enable or forget one fact; then bring the index in step."""
+        msg = accept(ChangeMemory, msg)
+        fact_id = own_ref(msg.ref, "fact")
+        if self.graph.get(fact_id) is None:
+            raise BadRequest(f"no fact {fact_id}")
+        change_memory(self.recall, "fact", fact_id, msg.change,
+                      lambda off: (self.graph.disable if off else self.graph.enable)(
+                          fact_id, msg.writer),
+                      lambda: self.graph.delete(fact_id, msg.writer))
+        return Ack(detail=f"fact {fact_id} {msg.change}d")
 
     def ping(self) -> str:
         return "ok"

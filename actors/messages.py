@@ -6,28 +6,34 @@ errors travel back to the caller as exceptions (see ``actors/README.md``).
 Bump ``v`` when a field changes meaning; add fields with defaults so that
 older senders keep working.
 
-| request            | actor      | reply            |
-|--------------------|------------|------------------|
-| AppendTurns        | Transcript | TurnsAppended    |
-| RecentTurns        | Transcript | TurnList         |
-| SetCitations       | Transcript | Ack              |
-| Embed              | Embedder   | Embedded         |
-| Recall             | Recall     | Recalled         |
-| SyncIndex          | Recall     | IndexSynced      |
-| DropFromIndex      | Recall     | Ack              |
-| AddEpisode         | Episodes   | EpisodeWritten   |
-| AddFact            | Graph      | FactWritten      |
-| ChangeFact         | Graph      | Ack              |
-| UserTurn           | Turns      | TurnReply        |
-| StatusRequest      | Supervisor | Status           |
+| request            | actor.method             | reply            |
+|--------------------|--------------------------|------------------|
+| AppendTurns        | Transcript.append        | TurnsAppended    |
+| RecentTurns        | Transcript.recent        | TurnList         |
+| Embed              | Embedder.embed           | Embedded         |
+| Recall             | Recall.recall            | Recalled         |
+| SyncIndex          | Recall.sync              | IndexSynced      |
+| DropFromIndex      | Recall.drop              | Ack              |
+| FindMemories       | Recall.find              | MemoryMatches    |
+| AddEpisode         | Episodes.add             | EpisodeWritten   |
+| AddFact            | Graph.add                | FactWritten      |
+| ChangeMemory       | owner of the ref .change | Ack              |
+| UserTurn           | Turns.process            | TurnReply        |
+| StatusRequest      | Supervisor.status        | Status           |
+
+``ChangeMemory`` goes to the actor that owns the ref's kind
+(``actors.common.OWNERS``: ``turn:`` Transcript, ``episode:`` Episodes,
+``fact:`` Graph). Typed clients for every row are in ``actors/handles.py``.
+Actors validate what arrives again (``actors.common.accept``): a message built
+without validation is refused with ``BadRequest``, never trusted.
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runtime.episodes import EpisodeIn
 from runtime.facts import FactIn
@@ -36,6 +42,10 @@ from runtime.transcript import MAX_TURN_CHARS, Location, TurnIn
 
 VERSION = 1
 MAX_BATCH = 1000
+MAX_REFS = 200
+# A memory ref: ``turn:12``, ``episode:3``, ``fact:7``.
+REF_PATTERN = r"^(turn|episode|fact):[0-9]{1,18}$"
+Ref = Annotated[str, Field(pattern=REF_PATTERN, max_length=40)]
 
 
 class Message(BaseModel):
@@ -52,10 +62,25 @@ class Ack(Message):
 # -- transcript -------------------------------------------------------------
 
 class AppendTurns(Message):
-    """Append turns; ``request_ids`` (optional, one per turn) make retries idempotent."""
+    """Append turns, all or nothing, in one write transaction.
+
+    A turn's ``request_id`` (optional) makes a retry idempotent. ``citations``
+    (optional, one list of refs per turn) records which memories the model was
+    given for that turn, written in the same transaction as the turn itself."""
 
     turns: list[TurnIn] = Field(min_length=1, max_length=MAX_BATCH)
-    writer: str = "transcript"
+    citations: list[list[Ref]] | None = Field(default=None, max_length=MAX_BATCH)
+    writer: str = Field(default="transcript", min_length=1, max_length=80)
+
+    @model_validator(mode="after")
+    def _one_citation_list_per_turn(self) -> AppendTurns:
+        if self.citations is not None:
+            if len(self.citations) != len(self.turns):
+                raise ValueError(f"citations: {len(self.citations)} lists for "
+                                 f"{len(self.turns)} turns")
+            if any(len(refs) > MAX_REFS for refs in self.citations):
+                raise ValueError(f"citations: at most {MAX_REFS} refs per turn")
+        return self
 
 
 class TurnsAppended(Message):
@@ -75,15 +100,11 @@ class TurnRow(Message):
     speaker: str | None
     content: str
     created_at: float
+    disabled: bool = False  # hidden by the user: never put in a prompt
 
 
 class TurnList(Message):
     turns: list[TurnRow]
-
-
-class SetCitations(Message):
-    turn_id: int
-    refs: list[str]
 
 
 # -- embedder ---------------------------------------------------------------
@@ -160,7 +181,11 @@ class Recalled(Message):
 
 
 class SyncIndex(Message):
+    """Index what has no vector yet. ``refs``: items to look at again even if the
+    indexer has passed them (enabled again after a disable)."""
+
     limit: int | None = Field(default=None, ge=1)  # at most this many items this call
+    refs: list[Ref] = Field(default_factory=list, max_length=MAX_BATCH)
 
 
 class IndexSynced(Message):
@@ -171,6 +196,25 @@ class IndexSynced(Message):
 class DropFromIndex(Message):
     kind: Literal["turn", "episode", "fact"]
     item_id: int
+
+
+class FindMemories(Message):
+    """Memories whose text matches ``text`` (for ``forget --matching``): any
+    kind, disabled ones included, newest first."""
+
+    text: str = Field(min_length=1, max_length=MAX_TURN_CHARS)
+    limit: int = Field(default=20, ge=1, le=100)
+
+
+class MemoryMatch(Message):
+    ref: str
+    text: str
+    created_at: float
+    disabled: bool
+
+
+class MemoryMatches(Message):
+    items: list[MemoryMatch]
 
 
 # -- episodes and graph -----------------------------------------------------
@@ -194,12 +238,15 @@ class FactWritten(Message):
     action: Literal["insert", "reinforce", "supersede", "keep"]
 
 
-class ChangeFact(Message):
-    """Disable (hide, reversible), enable, or delete (for good) one fact."""
+class ChangeMemory(Message):
+    """Disable (hide from recall, reversible), enable, or delete (for good: its
+    text, vector and keyword rows go; the write log keeps only that it was
+    deleted, when and by whom) one memory: ``turn:12``, ``episode:3``,
+    ``fact:7``. Answered by the owner of the ref's kind (``OWNERS``)."""
 
-    fact_id: int
+    ref: Ref
     change: Literal["disable", "enable", "delete"]
-    writer: str = "cli"
+    writer: str = Field(default="cli", min_length=1, max_length=80)
 
 
 # -- the turn path ----------------------------------------------------------
@@ -237,12 +284,3 @@ class Status(Message):
     counts: dict[str, int]
     notice: str | None = None
 
-
-REQUESTS: tuple[type[Message], ...] = (
-    AppendTurns, RecentTurns, SetCitations, Embed, Recall, SyncIndex, DropFromIndex,
-    AddEpisode, AddFact, ChangeFact, UserTurn, StatusRequest,
-)
-REPLIES: tuple[type[Message], ...] = (
-    Ack, TurnsAppended, TurnList, TurnRow, Embedded, Recalled, MemoryItem, IndexSynced,
-    EpisodeWritten, FactWritten, TurnReply, Status,
-)

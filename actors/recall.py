@@ -6,13 +6,26 @@ import logging
 
 import ray
 
-from actors.common import EMBEDDER, actor, open_store, setup_logging
+from actors.common import accept, bad_request, open_store, setup_logging
 from actors.embedder import RemoteEmbedder
-from actors.messages import Ack, DropFromIndex, IndexSynced, Recall, Recalled, SyncIndex
+from actors.handles import EmbedderClient
+from actors.messages import (
+    Ack,
+    DropFromIndex,
+    FindMemories,
+    IndexSynced,
+    MemoryMatch,
+    MemoryMatches,
+    Recall,
+    Recalled,
+    SyncIndex,
+)
+from runtime.clock import household_zone
 from runtime.config import Settings
 from runtime.fact_kinds import FactKinds
 from runtime.indexing import Indexer
 from runtime.recall import Recaller
+from runtime.refs import find_matching, parse_ref
 from runtime.vector_index import KINDS, VectorIndex
 
 log = logging.getLogger(__name__)
@@ -25,24 +38,30 @@ class RecallActor:
     def __init__(self, settings: Settings) -> None:
         setup_logging(settings, "recall")
         self.store = open_store(settings)
-        self.embedder = RemoteEmbedder(actor(EMBEDDER, settings.runtime.namespace))
+        self.embedder = RemoteEmbedder(EmbedderClient(settings.runtime.namespace))
         index_dir = settings.store.resolved_dir / "index"
         self.index = VectorIndex(self.store, index_dir, self.embedder.name, self.embedder.dim)
         self.indexer = Indexer(self.store, self.index, self.embedder,
                                batch=settings.embedder.batch_size)
         self.recaller = Recaller(self.store, self.index, self.embedder,
                                  FactKinds.load(settings.memory.fact_kinds_file),
-                                 settings.recall, self.store.clock)
+                                 settings.recall, self.store.clock,
+                                 zone=household_zone(settings.household.timezone))
         self.indexer.drop_stale_models()
         self._unsaved = self.indexer.sync()  # catch up with rows written while down
 
     def recall(self, msg: Recall) -> Recalled:
+        msg = accept(Recall, msg)
         return Recalled.of(self.recaller.recall(
             msg.query, now=msg.now, max_items=msg.max_items, max_tokens=msg.max_tokens,
             exclude=msg.exclude))
 
     def sync(self, msg: SyncIndex | None = None) -> IndexSynced:
-        added = self.indexer.sync(limit=msg.limit if msg else None)
+        msg = SyncIndex() if msg is None else accept(SyncIndex, msg)
+        for ref in msg.refs:
+            parsed = parse_ref(ref)
+            self.indexer.recheck(parsed.kind, parsed.id)
+        added = self.indexer.sync(limit=msg.limit)
         self._unsaved += added
         if self._unsaved >= SAVE_EVERY:
             self.save()
@@ -67,8 +86,20 @@ class RecallActor:
         return synced
 
     def drop(self, msg: DropFromIndex) -> Ack:
+        msg = accept(DropFromIndex, msg)
         self.indexer.drop(msg.kind, msg.item_id)
         return Ack()
+
+    def find(self, msg: FindMemories) -> MemoryMatches:
+        """Memories matching a text, for ``forget --matching`` (disabled ones too)."""
+        msg = accept(FindMemories, msg)
+        try:
+            found = find_matching(self.store, msg.text, msg.limit)
+        except ValueError as exc:
+            raise bad_request(exc) from None
+        return MemoryMatches(items=[
+            MemoryMatch(ref=str(m.ref), text=m.text, created_at=m.created_at,
+                        disabled=bool(m.disabled)) for m in found])
 
     def save(self) -> Ack:
         self.index.save()

@@ -26,6 +26,15 @@ from actors.common import (
     setup_logging,
 )
 from actors.embedder import EmbedderActor
+from actors.handles import (
+    ActorClient,
+    EmbedderClient,
+    EpisodesClient,
+    GraphClient,
+    RecallClient,
+    TranscriptClient,
+    TurnsClient,
+)
 from actors.memory_writers import EpisodesActor, GraphActor
 from actors.messages import Status, StatusRequest
 from actors.recall import RecallActor
@@ -39,10 +48,19 @@ CLASSES: dict[str, type] = {
     EMBEDDER: EmbedderActor, TRANSCRIPT: TranscriptActor, RECALL: RecallActor,
     EPISODES: EpisodesActor, GRAPH: GraphActor, TURNS: TurnsActor,
 }
+CLIENTS: dict[str, type[ActorClient]] = {
+    EMBEDDER: EmbedderClient, TRANSCRIPT: TranscriptClient, RECALL: RecallClient,
+    EPISODES: EpisodesClient, GRAPH: GraphClient, TURNS: TurnsClient,
+}
 # Calls a restarted actor may safely see again: appends carry request ids,
 # recall and embedding are reads.
 RETRIES: dict[str, int] = {EMBEDDER: 3, TRANSCRIPT: 3, RECALL: 3, EPISODES: 0, GRAPH: 0,
                            TURNS: 0}
+# Turns in progress at once, across channels (the Turns actor is threaded; one
+# channel's turns still run one at a time). Every other actor runs one call at
+# a time: each is the single writer of its tables.
+TURNS_MAX_CONCURRENCY = 16
+MAX_CONCURRENCY: dict[str, int] = {TURNS: TURNS_MAX_CONCURRENCY}
 PING_TIMEOUT_S = 10.0
 
 
@@ -52,9 +70,13 @@ class Supervisor:
         self.settings = settings
         self.namespace = settings.runtime.namespace
         self.handles: dict[str, Any] = {}
+        self.clients: dict[str, ActorClient] = {}
         for name in ACTORS:  # in dependency order: embedder first, turns last
             self.handles[name] = self._start(name)
-            ray.get(self.handles[name].ping.remote(), timeout=300)
+            self.clients[name] = CLIENTS[name](self.namespace, handle=self.handles[name])
+            self.clients[name].ping(timeout=300)
+        self.transcript = TranscriptClient(self.namespace, handle=self.handles[TRANSCRIPT])
+        self.recall = RecallClient(self.namespace, handle=self.handles[RECALL])
         log.info("actors started: %s", ", ".join(ACTORS))
 
     def _start(self, name: str) -> Any:
@@ -64,11 +86,12 @@ class Supervisor:
             name=name, namespace=self.namespace, num_cpus=0,
             max_restarts=rt.max_restarts, max_task_retries=RETRIES[name],
             max_pending_calls=rt.max_pending_calls, get_if_exists=True,
+            max_concurrency=MAX_CONCURRENCY.get(name, 1),
         ).remote(self.settings)
 
     def status(self, msg: StatusRequest | None = None) -> Status:
         states: dict[str, str] = {}
-        pings = {name: h.ping.remote() for name, h in self.handles.items()}
+        pings = {name: h.ping.remote() for name, h in self.handles.items()}  # all at once
         for name, ref in pings.items():
             try:
                 states[name] = ray.get(ref, timeout=PING_TIMEOUT_S)
@@ -76,20 +99,23 @@ class Supervisor:
                 states[name] = f"down: {type(exc).__name__}"
         counts: dict[str, int] = {}
         try:
-            counts = ray.get(self.handles[TRANSCRIPT].counts.remote(), timeout=PING_TIMEOUT_S)
+            counts = self.transcript.counts(timeout=PING_TIMEOUT_S)
         except Exception as exc:
-            log.warning("counts unavailable: %s", exc)
+            log.warning("counts unavailable: %s", type(exc).__name__)
         return Status(namespace=self.namespace, actors=states, counts=counts)
 
     def stop(self) -> None:
         """Save what is cached (the vector indexes), then stop every actor."""
         try:
-            ray.get(self.handles[RECALL].save.remote(), timeout=60)
+            self.recall.save(timeout=60)
         except Exception as exc:
-            log.warning("index save at stop failed (rebuilt from SQLite on start): %s", exc)
+            log.warning("index save at stop failed (rebuilt from SQLite on start): %s",
+                        type(exc).__name__)
         for name in reversed(ACTORS):
-            ray.kill(self.handles[name], no_restart=True)
+            if name in self.handles:
+                ray.kill(self.handles[name], no_restart=True)
         self.handles.clear()
+        self.clients.clear()
 
     def ping(self) -> str:
         return "ok"

@@ -6,12 +6,22 @@ import logging
 
 from pydantic import ValidationError
 
-from actors.common import RECALL, Notifier, bad_request, load_profiles, open_store, setup_logging
+from actors.common import (
+    BadRequest,
+    Notifier,
+    accept,
+    bad_request,
+    load_profiles,
+    open_store,
+    own_ref,
+    setup_logging,
+)
+from actors.handles import RecallClient, change_memory
 from actors.messages import (
     Ack,
     AppendTurns,
+    ChangeMemory,
     RecentTurns,
-    SetCitations,
     TurnList,
     TurnRow,
     TurnsAppended,
@@ -26,31 +36,48 @@ class TranscriptActor:
     def __init__(self, settings: Settings) -> None:
         setup_logging(settings, "transcript")
         self.store = open_store(settings)
-        self.profiles = load_profiles(settings)
-        self.transcript = TranscriptService(self.store)
-        self.notify_recall = Notifier(settings.runtime.namespace, RECALL, "sync_some")
+        self.transcript = TranscriptService(self.store, load_profiles(settings))
+        self.recall = RecallClient(settings.runtime.namespace)
+        self.notify_recall = Notifier(self.recall.sync_some_async, "recall.sync_some")
 
     def append(self, msg: AppendTurns) -> TurnsAppended:
-        """Commit the turns (all or nothing), then tell Recall there is news."""
+        """Commit the turns and their citations (all or nothing, one write
+        transaction), then tell Recall there is news. Whether a turn becomes
+        memory is its source profile's decision, taken by the service."""
+        msg = accept(AppendTurns, msg)
+        cites = msg.citations or [[] for _ in msg.turns]
         try:
-            with self.store.transaction():
-                ids = [self.transcript.append(
-                    t, msg.writer, memory=self.profiles.for_source(t.source).remembered)
-                    for t in msg.turns]
+            with self.store.write_transaction():
+                ids = []
+                for turn, refs in zip(msg.turns, cites, strict=True):
+                    turn_id = self.transcript.append(turn, msg.writer)
+                    if refs:
+                        self.transcript.set_citations(turn_id, refs, msg.writer)
+                    ids.append(turn_id)
         except (ValidationError, ValueError) as exc:
             raise bad_request(exc) from None
         self.notify_recall()
         return TurnsAppended(ids=ids)
 
     def recent(self, msg: RecentTurns) -> TurnList:
+        msg = accept(RecentTurns, msg)
         rows = self.store.rows(
-            "SELECT id, channel, source, role, speaker, content, created_at FROM transcript"
+            "SELECT id, channel, source, role, speaker, content, created_at, disabled"
+            " FROM transcript"
             " WHERE channel = ? ORDER BY id DESC LIMIT ?", (msg.channel, msg.limit))
-        return TurnList(turns=[TurnRow(**r) for r in reversed(rows)])
+        return TurnList(turns=[TurnRow(**{**r, "disabled": bool(r["disabled"])})
+                               for r in reversed(rows)])
 
-    def set_citations(self, msg: SetCitations) -> Ack:
-        self.transcript.set_citations(msg.turn_id, msg.refs)
-        return Ack()
+    def change(self, msg: ChangeMemory) -> Ack:
+        """Disable, enable or forget one turn; then bring the index in step."""
+        msg = accept(ChangeMemory, msg)
+        turn_id = own_ref(msg.ref, "turn")
+        if self.transcript.get(turn_id) is None:
+            raise BadRequest(f"no turn {turn_id}")
+        change_memory(self.recall, "turn", turn_id, msg.change,
+                      lambda off: self.transcript.set_disabled(turn_id, off, msg.writer),
+                      lambda: self.transcript.forget(turn_id, msg.writer))
+        return Ack(detail=f"turn {turn_id} {msg.change}d")
 
     def counts(self) -> dict[str, int]:
         return self.store.counts()

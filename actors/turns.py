@@ -2,39 +2,44 @@
 
 A user turn is checked, written to the transcript, seeded with turn-zero
 recall (when its channel's memory-seed flag is on), assembled into a prompt
-with the bootstrap persona files and the recalled memories, answered by the
-language model, and the reply is written with the refs of the memories the
-model was given (its citations). A temporary turn writes nothing at all.
+with the bootstrap persona files, the recalled memories and the household's
+local time, answered by the language model, and the reply is written with the
+refs of the memories the model was given (its citations), in one call. A
+temporary turn writes nothing at all.
+
+Channels are served concurrently: the actor is threaded (the Supervisor sets
+``max_concurrency``), so a slow language model in one room never holds up
+another. Within a channel, turns run one at a time in the order they reached
+the actor (:class:`ChannelQueue`), so each turn sees the previous one and its
+reply in its history, and the transcript keeps question-answer order.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
-from datetime import UTC, datetime
-from typing import Any
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-import ray
 from pydantic import ValidationError
 
-from actors.common import RECALL, TRANSCRIPT, BadRequest, actor, bad_request, setup_logging
+from actors.common import BadRequest, accept, bad_request, setup_logging
+from actors.handles import RecallClient, TranscriptClient
 from actors.messages import (
     AppendTurns,
     MemoryItem,
     Recall,
-    Recalled,
     RecentTurns,
-    SetCitations,
-    TurnList,
     TurnReply,
-    TurnsAppended,
     UserTurn,
 )
-from runtime.config import Settings
+from runtime.clock import Clock, SystemClock, household_zone, local_datetime
+from runtime.config import ChannelSettings, Settings
 from runtime.llm import AllProvidersFailed, ChatMessage, LLMRequest, make_llm
 from runtime.persona import PersonaLoader
 from runtime.prompt import build_messages
-from runtime.transcript import TurnIn
+from runtime.transcript import MAX_TURN_CHARS, TurnIn
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +47,54 @@ CALL_TIMEOUT_S = 60.0
 ASSISTANT_SOURCE = "assistant"
 
 
+class ChannelQueue:
+    """One turn at a time per channel, first come first served; channels never
+    wait for each other."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._issued: dict[str, int] = {}   # next ticket to hand out, per channel
+        self._serving: dict[str, int] = {}  # ticket allowed to run, per channel
+        self._waiting: dict[str, int] = {}  # turns blocked behind another, per channel
+
+    @contextmanager
+    def turn(self, channel: str) -> Iterator[None]:
+        with self._cond:
+            ticket = self._issued.get(channel, 0)
+            self._issued[channel] = ticket + 1
+            if self._serving.get(channel, 0) != ticket:
+                self._waiting[channel] = self._waiting.get(channel, 0) + 1
+                self._cond.wait_for(lambda: self._serving.get(channel, 0) == ticket)
+                self._waiting[channel] -= 1
+                if not self._waiting[channel]:
+                    del self._waiting[channel]
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._serving[channel] = ticket + 1
+                if self._serving[channel] == self._issued[channel]:  # nobody queued
+                    del self._serving[channel], self._issued[channel]
+                self._cond.notify_all()
+
+    def waiting(self) -> dict[str, int]:
+        """Per channel, the turns blocked behind the one running."""
+        with self._cond:
+            return dict(self._waiting)
+
+
 class TurnsActor:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
         setup_logging(settings, "turns")
         self.settings = settings
-        self.namespace = settings.runtime.namespace
+        self.clock: Clock = clock or SystemClock()
+        self.zone = household_zone(settings.household.timezone)
         self.persona = PersonaLoader.from_settings(settings.persona)
-        self.llm = make_llm(settings.llm)
-
-    def _call(self, name: str, method: str, msg: Any) -> Any:
-        handle = actor(name, self.namespace)
-        return ray.get(getattr(handle, method).remote(msg), timeout=CALL_TIMEOUT_S)
+        self.llm = make_llm(settings.llm)  # thread-safe (FallbackChain)
+        namespace = settings.runtime.namespace
+        self.transcript = TranscriptClient(namespace, CALL_TIMEOUT_S)
+        self.recall = RecallClient(namespace, CALL_TIMEOUT_S)
+        self.channels = ChannelQueue()
 
     def _user_turn_in(self, msg: UserTurn) -> TurnIn:
         try:
@@ -63,36 +105,37 @@ class TurnsActor:
             raise bad_request(exc) from None
 
     def process(self, msg: UserTurn) -> TurnReply:
+        msg = accept(UserTurn, msg)
         channel = self.settings.channels.get(msg.channel)
         if channel is None:
             known = ", ".join(sorted(self.settings.channels))
             raise BadRequest(f"unknown channel {msg.channel!r}; configured channels: {known}")
         user_turn = self._user_turn_in(msg)
+        with self.channels.turn(msg.channel):
+            return self._answer(msg, channel, user_turn)
 
+    def _answer(self, msg: UserTurn, channel: ChannelSettings, user_turn: TurnIn) -> TurnReply:
         turn_id: int | None = None
         if not msg.temporary:
-            appended: TurnsAppended = self._call(
-                TRANSCRIPT, "append", AppendTurns(turns=[user_turn]))
-            turn_id = appended.ids[0]
+            turn_id = self.transcript.append(AppendTurns(turns=[user_turn])).ids[0]
 
-        history: TurnList = self._call(
-            TRANSCRIPT, "recent",
+        history = self.transcript.recent(
             RecentTurns(channel=msg.channel, limit=self.settings.runtime.history_turns + 1))
-        past = [t for t in history.turns if t.id != turn_id][-self.settings.runtime.history_turns:]
+        past = [t for t in history.turns
+                if t.id != turn_id and not t.disabled][-self.settings.runtime.history_turns:]
 
         memories: list[MemoryItem] = []
         degraded = False
         if channel.seed and not channel.background:
             shown = [f"turn:{t.id}" for t in history.turns]  # already in the prompt
-            recalled: Recalled = self._call(RECALL, "recall", Recall(query=msg.text,
-                                                                     exclude=shown))
+            recalled = self.recall.recall(Recall(query=msg.text, exclude=shown))
             memories = recalled.items
             degraded = recalled.degraded
 
         messages = build_messages(
             self.persona.load(), memories,
             [_as_message(t.role, t.content) for t in past],
-            msg.text, datetime.now(UTC))
+            msg.text, local_datetime(self.clock, self.zone))
         request = LLMRequest(messages=messages, memories=[m.text for m in memories])
         try:
             completion = self.llm.complete(request)
@@ -105,13 +148,17 @@ class TurnsActor:
         reply_id: int | None = None
         if not msg.temporary:
             reply = TurnIn(channel=msg.channel, source=ASSISTANT_SOURCE, role="assistant",
-                           content=text or "…", request_id=f"reply-{user_turn.request_id}")
-            reply_id = self._call(TRANSCRIPT, "append", AppendTurns(turns=[reply])).ids[0]
-            if citations:
-                self._call(TRANSCRIPT, "set_citations",
-                           SetCitations(turn_id=reply_id, refs=citations))
+                           content=(text or "…")[:MAX_TURN_CHARS],
+                           request_id=f"reply-{user_turn.request_id}")
+            # the reply and its citations: one call, one transaction
+            reply_id = self.transcript.append(
+                AppendTurns(turns=[reply], citations=[citations])).ids[0]
         return TurnReply(turn_id=turn_id, reply_id=reply_id, text=text, citations=citations,
                          provider=provider, recall_degraded=degraded, notice=self.llm.notice)
+
+    def waiting(self) -> dict[str, int]:
+        """Per busy channel, the turns waiting for the one before them to finish."""
+        return self.channels.waiting()
 
     def ping(self) -> str:
         return "ok"

@@ -6,6 +6,17 @@ answers ``"echo: <last user message>"`` and every request is recorded (path,
 headers, JSON body). Set :attr:`FakeOpenAI.mode` to make it fail (see
 :class:`Mode`).
 
+To test what happens while a model is slow, without sleeping: :meth:`FakeOpenAI.hold`
+a marker, and every completion request whose last user message contains it
+waits (after being recorded) until :meth:`FakeOpenAI.release`;
+:meth:`FakeOpenAI.wait_held` blocks until such a request has arrived::
+
+    server.hold("slow room")
+    ...  # send a turn saying "slow room ..."
+    assert server.wait_held("slow room")
+    ...  # the request is in the server, unanswered
+    server.release("slow room")
+
 Use it from any test module (``tests/`` is on ``sys.path`` under pytest)::
 
     from fake_openai import FakeOpenAI, Mode, fake_openai_fixture  # noqa: F401
@@ -56,6 +67,14 @@ class RecordedRequest:
     raw: bytes = field(repr=False)
 
 
+class _Gate:
+    """Holds the requests carrying one marker until released."""
+
+    def __init__(self) -> None:
+        self.opened = threading.Event()
+        self.count = 0  # requests that arrived with the marker
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     fake: FakeOpenAI
@@ -97,6 +116,8 @@ class _Handler(BaseHTTPRequestHandler):
         if self.path != COMPLETIONS_PATH:
             self._reply(404, b'{"error": {"message": "not found"}}')
             return
+        if not fake._wait_gates(_echo(body).removeprefix("echo: ")):
+            return  # server shutting down
         mode = fake.mode
         if mode is Mode.CLOSE:
             self.close_connection = True
@@ -154,7 +175,9 @@ class FakeOpenAI:
         self.mode = mode
         self.slow_s = slow_s
         self._requests: list[RecordedRequest] = []
+        self._gates: dict[str, _Gate] = {}
         self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
         self._stopping = threading.Event()
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -169,8 +192,46 @@ class FakeOpenAI:
         self._thread.start()
         return self
 
+    def hold(self, marker: str) -> None:
+        """Hold every completion request whose last user message contains ``marker``
+        until :meth:`release`."""
+        with self._lock:
+            self._gates[marker] = _Gate()
+
+    def wait_held(self, marker: str, count: int = 1, timeout: float = 60.0) -> bool:
+        """Wait until ``count`` requests with ``marker`` have arrived; False after
+        ``timeout`` (a deadline for a broken test, not a measurement)."""
+        with self._arrived:
+            gate = self._gates[marker]
+            return self._arrived.wait_for(lambda: gate.count >= count, timeout)
+
+    def held(self, marker: str) -> int:
+        """How many requests with ``marker`` have arrived (held or released)."""
+        with self._lock:
+            return self._gates[marker].count
+
+    def release(self, marker: str) -> None:
+        """Answer the held requests with ``marker`` (and let later ones through)."""
+        with self._lock:
+            gate = self._gates[marker]
+        gate.opened.set()
+
+    def _wait_gates(self, text: str) -> bool:
+        """Block while a gate holds ``text``; False if the server is stopping."""
+        with self._arrived:
+            gates = [g for m, g in self._gates.items() if m in text]
+            for gate in gates:
+                gate.count += 1
+            self._arrived.notify_all()
+        for gate in gates:
+            gate.opened.wait()
+        return not self._stopping.is_set()
+
     def close(self) -> None:
         self._stopping.set()  # wakes handlers waiting in SLOW mode
+        with self._lock:
+            for gate in self._gates.values():  # and held ones
+                gate.opened.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

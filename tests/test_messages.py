@@ -1,45 +1,56 @@
-"""Every message type survives a JSON round trip and a pickle round trip unchanged."""
+"""Every message type survives a JSON round trip and a pickle round trip unchanged.
+
+The types are enumerated from ``actors.messages`` itself, so a new message
+cannot slip past without a sample here."""
 
 from __future__ import annotations
 
+import inspect
 import pickle
 
 import numpy as np
 import pytest
+from pydantic import ValidationError
 
 from actors import messages as m
 from runtime.episodes import EpisodeIn
 from runtime.facts import FactIn
-from runtime.transcript import TurnIn
+from runtime.transcript import Location, TurnIn
 
 ITEM = m.MemoryItem(ref="turn:3", kind="turn", item_id=3, text="[2024-01-01] user: hi",
                     score=0.9, relevance=0.8, channel="chat", created_at=1.5, turns=[3],
                     tokens=6)
+MATCH = m.MemoryMatch(ref="fact:4", text="user locker: code 4471", created_at=2.5,
+                      disabled=True)
 SAMPLES: list[m.Message] = [
     m.Ack(detail="done"),
     m.AppendTurns(turns=[TurnIn(channel="chat", source="user", content="hi",
-                                location={"lat": 1.0, "lon": 2.0}, request_id="r1")]),
+                                location=Location(lat=1.0, lon=2.0), request_id="r1")]),
+    m.AppendTurns(turns=[TurnIn(channel="chat", source="assistant", role="assistant",
+                                content="hello")], citations=[["fact:1", "turn:2"]]),
     m.TurnsAppended(ids=[1, 2]),
     m.RecentTurns(channel="chat", limit=3),
     m.TurnRow(id=1, channel="chat", source="user", role="user", speaker=None, content="hi",
-              created_at=2.0),
+              created_at=2.0, disabled=True),
     m.TurnList(turns=[m.TurnRow(id=1, channel="c", source="user", role="user", speaker="Ana",
                                 content="x", created_at=1.0)]),
-    m.SetCitations(turn_id=4, refs=["fact:1", "turn:2"]),
     m.Embed(texts=["a", "b"]),
     m.Embedded.of("model/x", np.eye(2, 4, dtype=np.float32)),
     m.Recall(query="where?", max_items=5, max_tokens=100, now=3.0, exclude=["turn:1"]),
     ITEM,
     m.Recalled(query="where?", items=[ITEM], degraded=True, reason="index down",
                elapsed_ms=1.2),
-    m.SyncIndex(limit=10),
+    m.SyncIndex(limit=10, refs=["episode:2"]),
     m.IndexSynced(added=3, counts={"turn": 3}),
     m.DropFromIndex(kind="episode", item_id=9),
+    m.FindMemories(text="locker code", limit=5),
+    MATCH,
+    m.MemoryMatches(items=[MATCH]),
     m.AddEpisode(episode=EpisodeIn(channel="c", source="user", gist="g", cites=[1, 2])),
     m.EpisodeWritten(episode_id=7),
     m.AddFact(fact=FactIn(kind="place", subject="Ana", key="lives_in", value="Porto")),
     m.FactWritten(fact_id=2, action="supersede"),
-    m.ChangeFact(fact_id=2, change="disable"),
+    m.ChangeMemory(ref="turn:12", change="disable"),
     m.UserTurn(channel="chat", text="hello", temporary=True, request_id="abc"),
     m.TurnReply(turn_id=1, reply_id=2, text="hi", citations=["turn:1"], provider="offline"),
     m.StatusRequest(),
@@ -47,9 +58,18 @@ SAMPLES: list[m.Message] = [
 ]
 
 
+def message_types() -> set[type[m.Message]]:
+    """Every concrete message class defined in ``actors.messages``."""
+    return {cls for _, cls in inspect.getmembers(m, inspect.isclass)
+            if issubclass(cls, m.Message) and cls is not m.Message
+            and cls.__module__ == m.__name__}
+
+
 def test_every_message_type_has_a_sample() -> None:
-    sampled = {type(s) for s in SAMPLES}
-    assert set(m.REQUESTS) | set(m.REPLIES) <= sampled
+    types = message_types()
+    assert len(types) >= 20  # the enumeration itself works
+    missing = sorted(t.__name__ for t in types - {type(s) for s in SAMPLES})
+    assert not missing, f"message types without a round-trip sample: {missing}"
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=lambda s: type(s).__name__)
@@ -65,6 +85,20 @@ def test_unknown_fields_and_versions_are_refused() -> None:
         m.UserTurn.model_validate({"channel": "c", "text": "x", "colour": "red"})
     with pytest.raises(ValueError):
         m.UserTurn.model_validate({"v": 2, "channel": "c", "text": "x"})
+
+
+@pytest.mark.parametrize("ref", ["turn:", "fact:x", "room:3", "turn:1;drop", " turn:1"])
+def test_change_memory_takes_only_memory_refs(ref: str) -> None:
+    with pytest.raises(ValidationError, match="ref"):
+        m.ChangeMemory(ref=ref, change="delete")
+
+
+def test_citations_come_one_list_per_turn() -> None:
+    turn = TurnIn(channel="chat", source="assistant", role="assistant", content="x")
+    with pytest.raises(ValidationError, match="2 lists for 1 turns"):
+        m.AppendTurns(turns=[turn], citations=[["turn:1"], ["turn:2"]])
+    with pytest.raises(ValidationError, match="citations"):
+        m.AppendTurns(turns=[turn], citations=[["not a ref"]])
 
 
 def test_embedded_vectors_survive() -> None:

@@ -1,22 +1,52 @@
 """The turn path with an OpenAI-compatible model configured (a local server speaking
-the chat-completions API), its persona files, and its fallback to the offline provider."""
+the chat-completions API): its persona files, its fallback to the offline provider,
+channels served concurrently (in order within a channel), and the household's time."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
+import threading
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 import ray
 from fake_openai import FakeOpenAI, Mode
 
 from actors import supervisor
-from actors.common import actor, unwrap
-from actors.messages import UserTurn
-from runtime.config import Settings, load_settings
+from actors.handles import TranscriptClient, TurnsClient
+from actors.messages import ChangeMemory, RecentTurns, UserTurn
+from runtime.config import CONFIG_DIR, Settings, load_settings
+from runtime.fact_kinds import FactKinds
+from runtime.store import Store
 
 NS = "test-turns-llm"
+NS_ROOMS = "test-turns-rooms"
+
+
+def _start(namespace: str, server: FakeOpenAI, data: Path, model_cache: Path,
+           timeout_s: float, **extra: Any) -> tuple[Settings, Any]:
+    """Settings and the Supervisor's handle (keep it: the actors live as long as it)."""
+    persona = data / "persona"
+    persona.mkdir()
+    (persona / "SOUL.md").write_text("You are Wren, a calm household assistant.")
+    settings = load_settings(env={}, overrides={
+        "store": {"data_dir": str(data)}, "embedder": {"cache_dir": str(model_cache)},
+        "runtime": {"namespace": namespace}, "persona": {"global_dir": str(persona)},
+        "llm": {"providers": [{"name": "local", "base_url": server.base_url,
+                               "model": "tiny", "timeout_s": timeout_s}]},
+        **extra,
+    })
+    return settings, supervisor.start(settings)
+
+
+def _stop(sup: Any) -> None:
+    ray.get(sup.stop.remote(), timeout=120)
+    ray.kill(sup)
 
 
 @pytest.fixture(scope="module")
@@ -28,29 +58,16 @@ def server() -> Iterator[FakeOpenAI]:
 @pytest.fixture(scope="module")
 def runtime(ray_instance: str, server: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory,
             model_cache: Path) -> Iterator[Settings]:
-    data = tmp_path_factory.mktemp("llm-data")
-    persona = data / "persona"
-    persona.mkdir()
-    (persona / "SOUL.md").write_text("You are Wren, a calm household assistant.")
-    settings = load_settings(env={}, overrides={
-        "store": {"data_dir": str(data)}, "embedder": {"cache_dir": str(model_cache)},
-        "runtime": {"namespace": NS}, "persona": {"global_dir": str(persona)},
-        "llm": {"providers": [{"name": "local", "base_url": server.base_url,
-                               "model": "tiny", "timeout_s": 1}]},
-    })
-    sup = supervisor.start(settings)
+    # a short model timeout: the SLOW case below must fail over quickly
+    settings, sup = _start(NS, server, tmp_path_factory.mktemp("llm-data"), model_cache,
+                           timeout_s=1)
     yield settings
-    ray.get(sup.stop.remote(), timeout=120)
-    ray.kill(sup)
+    _stop(sup)
 
 
 def say(text: str, channel: str = "chat") -> Any:
-    try:
-        reply = ray.get(actor("turns", NS).process.remote(UserTurn(channel=channel, text=text)),
-                        timeout=120)
-    except ray.exceptions.RayTaskError as exc:
-        raise unwrap(exc) from None
-    ray.get(actor("transcript", NS).flush.remote(), timeout=60)
+    reply = TurnsClient(NS, timeout_s=120).process(UserTurn(channel=channel, text=text))
+    TranscriptClient(NS).flush()
     return reply
 
 
@@ -83,3 +100,155 @@ def test_failing_model_falls_back_and_then_shows_a_notice(runtime: Settings,
     server.mode = Mode.OK
     recovered = say("Thanks!")
     assert recovered.provider == "local" and recovered.notice is None
+
+
+# -- rooms: channels served concurrently, each in order; household time ---------
+
+def _household_zone_unlike_utc() -> str:
+    """A zone whose date differs from UTC's right now (UTC+14 from 10:00 UTC,
+    UTC-12 before noon), so a date shown in UTC cannot pass for it."""
+    return "Pacific/Kiritimati" if datetime.now(UTC).hour >= 10 else "Etc/GMT+12"
+
+
+@pytest.fixture(scope="module")
+def rooms_server() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def rooms(ray_instance: str, rooms_server: FakeOpenAI,
+          tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> Iterator[Settings]:
+    # a long model timeout: requests are held by the test, not timed out
+    settings, sup = _start(NS_ROOMS, rooms_server, tmp_path_factory.mktemp("rooms-data"),
+                           model_cache, timeout_s=120,
+                           household={"timezone": _household_zone_unlike_utc()})
+    yield settings
+    _stop(sup)
+
+
+def _wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
+    done = threading.Event()
+    deadline = threading.Timer(timeout, done.set)  # a deadline for a broken run only
+    deadline.start()
+    try:
+        while not done.is_set():
+            if predicate():
+                return True
+            done.wait(0.05)
+        return predicate()
+    finally:
+        deadline.cancel()
+
+
+def test_a_slow_room_holds_up_no_other_and_keeps_its_own_order(
+        rooms: Settings, rooms_server: FakeOpenAI) -> None:
+    server = rooms_server
+    turns = TurnsClient(NS_ROOMS, timeout_s=120)
+    first_text = "How long does the slow cooker need for beans?"
+    second_text = "And for chickpeas?"
+    server.hold("slow cooker")
+    first_ref = turns.submit("process", UserTurn(channel="chat", text=first_text))
+    assert server.wait_held("slow cooker")  # its model call is in the server, unanswered
+
+    # another room is answered meanwhile
+    other = turns.process(UserTurn(channel="voice", text="Is the hallway light on?"))
+    assert other.provider == "local" and other.text == "echo: Is the hallway light on?"
+    assert ray.wait([first_ref], timeout=0)[0] == []  # the first room is still waiting
+
+    # a second turn in the first room queues behind the first one
+    second_ref = turns.submit("process", UserTurn(channel="chat", text=second_text))
+    assert _wait_for(lambda: turns.waiting().get("chat") == 1, timeout=60)
+    server.release("slow cooker")
+    first, second = ray.get([first_ref, second_ref], timeout=120)
+
+    assert (first.text, second.text) == (f"echo: {first_text}", f"echo: {second_text}")
+    recent = TranscriptClient(NS_ROOMS).recent(RecentTurns(channel="chat", limit=4)).turns
+    assert [t.id for t in recent] == [first.turn_id, first.reply_id,
+                                      second.turn_id, second.reply_id]
+    # the second turn's model saw the first exchange in its history
+    asked = [r.body for r in server.requests
+             if r.body and r.body["messages"][-1]["content"] == second_text]
+    assert len(asked) == 1
+    assert {"role": "assistant", "content": first.text} in asked[0]["messages"]
+    assert turns.waiting() == {}
+
+
+def test_prompt_clock_and_memory_dates_are_household_time(
+        rooms: Settings, rooms_server: FakeOpenAI) -> None:
+    zone = ZoneInfo(rooms.household.timezone)
+    turns = TurnsClient(NS_ROOMS, timeout_s=120)
+    told = turns.process(UserTurn(channel="voice",
+                                  text="The recycling bin goes out on Tuesday evenings."))
+    TranscriptClient(NS_ROOMS).flush()
+    reply = turns.process(UserTurn(channel="chat", text="When does the recycling bin go out?"))
+    assert f"turn:{told.turn_id}" in reply.citations
+    system = rooms_server.last.body["messages"][0]["content"]
+    assert told.turn_id is not None and reply.reply_id is not None
+    store = Store(rooms.store.path, FactKinds.load(CONFIG_DIR / "fact_kinds.toml"))
+    try:
+        told_row = store.get("transcript", told.turn_id)
+        reply_row = store.get("transcript", reply.reply_id)
+    finally:
+        store.close()
+    assert told_row is not None and reply_row is not None
+    now = datetime.fromtimestamp(reply_row["created_at"], zone)
+    offset = now.strftime("%z")
+    clock_line = next(line for line in system.splitlines()
+                      if line.startswith("Current date and time:"))
+    assert f"UTC{offset[:3]}:{offset[3:]}" in clock_line
+    assert now.strftime("%Y-%m-%d") in clock_line
+    told_date = datetime.fromtimestamp(told_row["created_at"], zone).strftime("%Y-%m-%d")
+    assert f"[turn:{told.turn_id}] [{told_date}]" in system  # the memory's date, local too
+    assert json.loads(reply_row["citations"]) == reply.citations
+
+
+def test_a_disabled_turn_is_never_put_in_a_prompt(rooms: Settings,
+                                                  rooms_server: FakeOpenAI) -> None:
+    turns = TurnsClient(NS_ROOMS, timeout_s=120)
+    transcript = TranscriptClient(NS_ROOMS)
+    secret = turns.process(UserTurn(channel="cli", text="The safe combination is 31-7-44."))
+    transcript.flush()
+    assert secret.turn_id is not None and secret.reply_id is not None
+    for turn_id in (secret.turn_id, secret.reply_id):  # the reply echoes it
+        transcript.change(ChangeMemory(ref=f"turn:{turn_id}", change="disable"))
+    listed = {t.id: t.disabled for t in transcript.recent(RecentTurns(channel="cli")).turns}
+    assert listed[secret.turn_id] and listed[secret.reply_id]
+    turns.process(UserTurn(channel="cli", text="What did I tell you about the safe?"))
+    asked = json.dumps(rooms_server.last.body["messages"])
+    assert "31-7-44" not in asked  # neither in the history nor among the memories
+
+
+def test_channel_queue_serves_one_channel_in_arrival_order() -> None:
+    """The Turns actor's per-channel queue on its own: turns of one channel run one
+    at a time in the order they arrived; another channel passes straight through."""
+    from actors.turns import ChannelQueue
+
+    queue = ChannelQueue()
+    ran: list[str] = []
+    release = threading.Event()
+
+    def turn(channel: str, name: str, hold: threading.Event | None = None) -> None:
+        with queue.turn(channel):
+            ran.append(name)
+            if hold is not None:
+                hold.wait()
+
+    first = threading.Thread(target=turn, args=("a", "a1", release), daemon=True)
+    first.start()
+    later: list[threading.Thread] = []
+    try:
+        assert _wait_for(lambda: ran == ["a1"], timeout=60)
+        for name in ("a2", "a3"):
+            later.append(threading.Thread(target=turn, args=("a", name), daemon=True))
+            later[-1].start()
+            assert _wait_for(partial(lambda n: queue.waiting() == {"a": n}, len(later)),
+                             timeout=60)
+        turn("b", "b1")  # another channel is not held up
+        assert ran == ["a1", "b1"]
+    finally:
+        release.set()
+    for t in (first, *later):
+        t.join(timeout=60)
+    assert ran == ["a1", "b1", "a2", "a3"]
+    assert queue.waiting() == {}

@@ -1,0 +1,302 @@
+"""Typed clients of the actors: how one actor (or a script) calls another.
+
+Each client wraps one named actor: one method per request type of
+``actors/messages.py``, typed with the request and its reply, so the flow of
+a turn reads as ``transcript.append(AppendTurns(...))`` and mypy checks it.
+
+The Ray handle is looked up once, on first use (actors start in order and
+may name one that starts later), and looked up again after the actor is gone
+(``ActorDiedError`` or ``ActorUnavailableError``: killed, or replaced by a new
+runtime). A call that is safe to repeat (a read, an idempotent write) is then
+sent once more to the new handle; any other call raises and the next call uses
+the new handle. Every call has a timeout. An error raised inside the callee
+reaches the caller as itself (``BadRequest`` stays ``BadRequest``), not as a
+``RayTaskError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal, TypeVar
+
+import ray
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
+
+from actors.common import (
+    EMBEDDER,
+    EPISODES,
+    GRAPH,
+    RECALL,
+    SUPERVISOR,
+    TRANSCRIPT,
+    TURNS,
+    unwrap,
+)
+from actors.messages import (
+    Ack,
+    AddEpisode,
+    AddFact,
+    AppendTurns,
+    ChangeMemory,
+    DropFromIndex,
+    Embed,
+    Embedded,
+    EpisodeWritten,
+    FactWritten,
+    FindMemories,
+    IndexSynced,
+    MemoryMatches,
+    Recall,
+    Recalled,
+    RecentTurns,
+    Status,
+    StatusRequest,
+    SyncIndex,
+    TurnList,
+    TurnReply,
+    TurnsAppended,
+    UserTurn,
+)
+
+log = logging.getLogger(__name__)
+
+CALL_TIMEOUT_S = 60.0
+
+R = TypeVar("R")
+Kind = Literal["turn", "episode", "fact"]
+
+GONE = (ActorDiedError, ActorUnavailableError)
+
+
+class NoActor(RuntimeError):
+    """No actor of that name is running in the namespace."""
+
+
+class ActorClient:
+    """A client of one named actor; subclasses add one typed method per request."""
+
+    name: ClassVar[str]
+
+    def __init__(self, namespace: str, timeout_s: float = CALL_TIMEOUT_S,
+                 handle: Any = None) -> None:
+        self.namespace = namespace
+        self.timeout_s = timeout_s
+        self._handle: Any = handle
+        self._lock = threading.Lock()  # clients are shared by a threaded actor's threads
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.namespace!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # sent elsewhere (a task, another actor), a client looks its actor up there
+        return (type(self), (self.namespace, self.timeout_s))
+
+    @property
+    def handle(self) -> Any:
+        """The Ray handle, looked up on first use and after the actor was gone."""
+        with self._lock:
+            if self._handle is None:
+                try:
+                    self._handle = ray.get_actor(self.name, namespace=self.namespace)
+                except ValueError:
+                    raise NoActor(f"no {self.name} actor in namespace "
+                                  f"{self.namespace!r}") from None
+            return self._handle
+
+    def _gone(self, handle: Any) -> None:
+        """Drop ``handle`` (if it is still the current one): the next call looks up again."""
+        with self._lock:
+            if self._handle is handle:
+                self._handle = None
+
+    def submit(self, method: str, *args: Any) -> Any:
+        """Send a call without waiting; return its object ref."""
+        return getattr(self.handle, method).remote(*args)
+
+    def call(self, method: str, *args: Any, reply: type[R], retry: bool = False,
+             timeout: float | None = None) -> R:
+        """Call ``method`` and wait for its ``reply``. ``retry``: the call is safe
+        to repeat, so it is sent once more after the actor was found gone."""
+        wait = self.timeout_s if timeout is None else timeout
+        attempts = 2 if retry else 1
+        for attempt in range(attempts):
+            handle = self.handle
+            try:
+                out = ray.get(getattr(handle, method).remote(*args), timeout=wait)
+            except RayTaskError as exc:  # raised inside the callee: hand it on as itself
+                raise unwrap(exc) from None
+            except GONE:
+                self._gone(handle)
+                if attempt + 1 == attempts:
+                    raise
+                log.info("%s actor gone; calling %s again on a fresh handle",
+                         self.name, method)
+                continue
+            if not isinstance(out, reply):
+                raise TypeError(f"{self.name}.{method} answered {type(out).__name__}, "
+                                f"expected {reply.__name__}")
+            return out
+        raise AssertionError("unreachable")
+
+    def ping(self, timeout: float | None = None) -> str:
+        return self.call("ping", reply=str, retry=True, timeout=timeout)
+
+
+class EmbedderClient(ActorClient):
+    name = EMBEDDER
+
+    def info(self) -> tuple[str, int]:
+        return self.call("info", reply=tuple, retry=True)
+
+    def embed(self, msg: Embed) -> Embedded:
+        return self.call("embed", msg, reply=Embedded, retry=True)
+
+
+class TranscriptClient(ActorClient):
+    name = TRANSCRIPT
+
+    def append(self, msg: AppendTurns) -> TurnsAppended:
+        # repeatable only when every turn carries a request id
+        return self.call("append", msg, reply=TurnsAppended,
+                         retry=all(t.request_id for t in msg.turns))
+
+    def recent(self, msg: RecentTurns) -> TurnList:
+        return self.call("recent", msg, reply=TurnList, retry=True)
+
+    def change(self, msg: ChangeMemory) -> Ack:
+        return self.call("change", msg, reply=Ack)
+
+    def counts(self, timeout: float | None = None) -> dict[str, int]:
+        return self.call("counts", reply=dict, retry=True, timeout=timeout)
+
+    def flush(self) -> Ack:
+        return self.call("flush", reply=Ack, retry=True)
+
+
+class RecallClient(ActorClient):
+    name = RECALL
+
+    def recall(self, msg: Recall) -> Recalled:
+        return self.call("recall", msg, reply=Recalled, retry=True)
+
+    def sync(self, msg: SyncIndex | None = None) -> IndexSynced:
+        return self.call("sync", msg, reply=IndexSynced, retry=True)
+
+    def drop(self, msg: DropFromIndex) -> Ack:
+        return self.call("drop", msg, reply=Ack, retry=True)
+
+    def find(self, msg: FindMemories) -> MemoryMatches:
+        return self.call("find", msg, reply=MemoryMatches, retry=True)
+
+    def save(self, timeout: float | None = None) -> Ack:
+        return self.call("save", reply=Ack, retry=True, timeout=timeout)
+
+    def before_forget(self, kind: Kind, item_id: int) -> None:
+        """Take an item out of the index before its row is deleted (the delete
+        takes the item's vector row with it, and with it the index label)."""
+        try:
+            self.drop(DropFromIndex(kind=kind, item_id=item_id))
+        except Exception as exc:  # the next start reconciles the index with the rows
+            log.warning("index drop before forgetting %s:%d failed: %s", kind, item_id,
+                        type(exc).__name__)
+
+    def after_change(self, kind: Kind, item_id: int, change: str) -> None:
+        """Bring the index in step after a committed disable or enable: a
+        disabled item's vector goes, an enabled one is indexed again.
+
+        The change is committed already, so a failure here is logged, not
+        raised: recall checks rows, never trusts a vector alone, and the next
+        start re-syncs."""
+        try:
+            if change == "enable":
+                self.sync(SyncIndex(refs=[f"{kind}:{item_id}"]))
+            else:
+                self.drop(DropFromIndex(kind=kind, item_id=item_id))
+        except Exception as exc:
+            log.warning("index update after %s of %s:%d failed: %s", change, kind, item_id,
+                        type(exc).__name__)
+
+    def sync_some_async(self) -> Any:
+        """A writer's "there is news" notification; returns its object ref."""
+        return self.submit("sync_some")
+
+    def drop_async(self, msg: DropFromIndex) -> Any:
+        return self.submit("drop", msg)
+
+
+class EpisodesClient(ActorClient):
+    name = EPISODES
+
+    def add(self, msg: AddEpisode) -> EpisodeWritten:
+        return self.call("add", msg, reply=EpisodeWritten)
+
+    def change(self, msg: ChangeMemory) -> Ack:
+        return self.call("change", msg, reply=Ack)
+
+
+class GraphClient(ActorClient):
+    name = GRAPH
+
+    def add(self, msg: AddFact) -> FactWritten:
+        return self.call("add", msg, reply=FactWritten)
+
+    def change(self, msg: ChangeMemory) -> Ack:
+        return self.call("change", msg, reply=Ack)
+
+
+class TurnsClient(ActorClient):
+    name = TURNS
+
+    def process(self, msg: UserTurn) -> TurnReply:
+        return self.call("process", msg, reply=TurnReply)
+
+    def waiting(self) -> dict[str, int]:
+        """Per busy channel, the turns waiting behind the one running."""
+        return self.call("waiting", reply=dict, retry=True)
+
+
+class SupervisorClient(ActorClient):
+    name = SUPERVISOR
+
+    def status(self, msg: StatusRequest | None = None) -> Status:
+        return self.call("status", msg or StatusRequest(), reply=Status, retry=True)
+
+    def stop(self, timeout: float | None = None) -> None:
+        self.call("stop", reply=type(None), timeout=timeout)
+
+
+OWNER_CLIENTS: dict[str, type[TranscriptClient | EpisodesClient | GraphClient]] = {
+    "turn": TranscriptClient, "episode": EpisodesClient, "fact": GraphClient,
+}
+
+
+def owner(ref: str, namespace: str,
+          timeout_s: float = CALL_TIMEOUT_S) -> TranscriptClient | EpisodesClient | GraphClient:
+    """A client of the actor that owns ``ref`` (``turn:12``, ``episode:3``, ``fact:7``)."""
+    kind = ref.partition(":")[0]
+    try:
+        return OWNER_CLIENTS[kind](namespace, timeout_s)
+    except KeyError:
+        raise ValueError(f"{ref!r} is not a memory ref (turn:, episode: or fact:)") from None
+
+
+def change_memory(recall: RecallClient, kind: Kind, item_id: int, change: str,
+                  set_disabled: Callable[[bool], object], forget: Callable[[], object]) -> None:
+    """An owner's side of :class:`ChangeMemory`, once it knows the item exists:
+    change the row through its service and keep Recall's index in step.
+
+    Forgetting drops the vector first (the row's delete takes its vector row,
+    and so the index label, with it); if the forget then fails, the item is
+    handed back to the indexer."""
+    if change == "delete":
+        recall.before_forget(kind, item_id)
+        try:
+            forget()
+        except BaseException:
+            recall.after_change(kind, item_id, "enable")
+            raise
+    else:
+        set_disabled(change == "disable")
+        recall.after_change(kind, item_id, change)
