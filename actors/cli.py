@@ -1,13 +1,13 @@
-"""The ``reverie`` command.
+"""The ``reverie`` command: argument parsing and the client commands.
 
-``reverie run`` starts the runtime in the foreground (a local Ray node with a
-bounded object store and the dashboard on 127.0.0.1 behind Ray's token auth,
-then the Supervisor and its actors) and stops cleanly on Ctrl-C or SIGTERM.
-It writes ``runtime.json`` into the data directory; the other commands find
-the running runtime from it (``REVERIE_DATA_DIR`` chooses the directory).
+``reverie run`` starts the runtime (``actors.node``); every other command
+finds it through ``runtime.json`` in the data directory
+(``actors.discovery``), joins its Ray cluster and sends typed messages to its
+actors. ``REVERIE_DATA_DIR`` chooses the data directory.
 
-Exit codes: 0 done; 1 no runtime answering (or already running); 2 bad input
-or configuration.
+Exit codes: 0 done; 1 no runtime answering (or one already running);
+2 bad input or configuration; 3 the runtime failed (an actor died, a call
+timed out). Errors are one line on stderr, never a traceback.
 """
 
 from __future__ import annotations
@@ -16,120 +16,54 @@ import argparse
 import hashlib
 import json
 import logging
-import os
-import secrets
-import signal
 import sys
-import threading
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from actors.discovery import NoRuntime, connect, prepare_client_auth
 from runtime.config import ConfigError, Settings, load_settings
 
 log = logging.getLogger(__name__)
 
-RUNTIME_FILE = "runtime.json"
-TOKEN_FILE = "ray-auth-token"
+EXIT_OK = 0
+EXIT_NO_RUNTIME = 1
+EXIT_BAD_INPUT = 2
+EXIT_RUNTIME_ERROR = 3
+
 IMPORT_BATCH = 128
+CALL_TIMEOUT_S = 120.0
 
 
-class NoRuntime(RuntimeError):
-    pass
-
-
-# -- runtime discovery ------------------------------------------------------
-
-def _runtime_path(settings: Settings) -> Path:
-    return settings.store.resolved_dir / RUNTIME_FILE
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def read_runtime(settings: Settings) -> dict[str, Any]:
-    path = _runtime_path(settings)
-    try:
-        info: dict[str, Any] = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise NoRuntime(f"no runtime is running for {settings.store.resolved_dir}"
-                        " (start one with `reverie run`)") from None
-    except ValueError:
-        raise NoRuntime(f"{path} is unreadable; is a runtime running?") from None
-    if not _pid_alive(int(info.get("pid", -1))):
-        raise NoRuntime(f"the runtime that wrote {path} (pid {info.get('pid')}) is gone")
-    return info
-
-
-def _write_private(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
-def _use_token(settings: Settings) -> Path:
-    """Ray's token auth, with a private token file in the data directory."""
-    path = settings.store.resolved_dir / TOKEN_FILE
-    if not path.exists():
-        _write_private(path, secrets.token_urlsafe(32))
-    os.environ["RAY_AUTH_MODE"] = "token"
-    os.environ["RAY_AUTH_TOKEN_PATH"] = str(path)
-    return path
-
-
-def _prepare_auth(args: argparse.Namespace, settings: Settings) -> None:
-    """Point Ray at our token file: when we start the node, or when the running
-    runtime started its own node with one."""
-    if args.command == "run":
-        if not args.address:
-            settings.store.resolved_dir.mkdir(parents=True, exist_ok=True)
-            _use_token(settings)
-        return
-    try:
-        info = json.loads(_runtime_path(settings).read_text())
-    except (OSError, ValueError):
-        return
-    if info.get("auth") == "token-file":
-        _use_token(settings)
-
-
-def connect(settings: Settings) -> Any:
-    """Join the running runtime's Ray cluster; return the ray module."""
-    info = read_runtime(settings)
-    import ray
-
-    try:
-        ray.init(address=info["address"], namespace=info["namespace"], logging_level=logging.ERROR,
-                 log_to_driver=False, configure_logging=False)
-    except Exception as exc:
-        raise NoRuntime(f"the runtime at {info['address']} is not answering: {exc}") from None
-    return ray
+class RuntimeFailure(RuntimeError):
+    """The runtime is there but failed to answer (dead actor, timeout, internal error)."""
 
 
 def _call(ray: Any, settings: Settings, name: str, method: str, *args: Any,
-          timeout: float = 120.0) -> Any:
-    from actors.common import actor, unwrap
+          timeout: float = CALL_TIMEOUT_S) -> Any:
+    """Call one actor method; map Ray's errors to the three kinds the CLI reports."""
+    from actors.common import BadRequest, actor, unwrap
 
     try:
         handle = actor(name, settings.runtime.namespace)
-    except ValueError:
-        raise NoRuntime(f"no {name!r} actor in namespace {settings.runtime.namespace!r}") from None
+    except ValueError:  # the runtime answers, but this actor is gone
+        raise RuntimeFailure(f"the {name} actor is not running in namespace "
+                             f"{settings.runtime.namespace!r}; see `reverie status`") from None
     try:
         return ray.get(getattr(handle, method).remote(*args), timeout=timeout)
     except ray.exceptions.RayTaskError as exc:
-        raise unwrap(exc) from None
+        cause = unwrap(exc)
+        if isinstance(cause, BadRequest | ValidationError):
+            raise cause from None
+        raise RuntimeFailure(f"the {name} actor failed: {type(cause).__name__}: "
+                             f"{str(cause).splitlines()[0] if str(cause) else ''}") from None
+    except ray.exceptions.GetTimeoutError:
+        raise RuntimeFailure(f"the {name} actor did not answer within {timeout:.0f} s") from None
+    except ray.exceptions.RayActorError:
+        raise RuntimeFailure(f"the {name} actor is dead or restarting; "
+                             "see `reverie status`") from None
 
 
 # -- progress ---------------------------------------------------------------
@@ -146,63 +80,18 @@ def progress(done: int, total: int, label: str) -> None:
 # -- commands ---------------------------------------------------------------
 
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
-    from actors import supervisor
+    from actors import node
 
-    path = _runtime_path(settings)
-    try:
-        read_runtime(settings)
-        print(f"reverie: already running for {settings.store.resolved_dir}", file=sys.stderr)
-        return 1
-    except NoRuntime:
-        pass
-    settings.store.resolved_dir.mkdir(parents=True, exist_ok=True)
-    rt = settings.runtime
-    import ray
+    return node.run(settings, address=args.address, verbose=args.verbose)
 
-    auth = "inherited"
-    init_args: dict[str, Any] = {"namespace": rt.namespace, "logging_level": logging.WARNING,
-                                 "log_to_driver": args.verbose}
-    if args.address:
-        init_args["address"] = args.address
-    else:
-        auth = "token-file"  # set up by _prepare_auth before Ray was imported
-        init_args.update(
-            num_cpus=rt.num_cpus, object_store_memory=rt.object_store_mb * 1024 * 1024,
-            include_dashboard=rt.dashboard, dashboard_host=rt.dashboard_host,
-            dashboard_port=rt.dashboard_port, _node_ip_address="127.0.0.1")
-    print("reverie: starting Ray…", file=sys.stderr, flush=True)
-    ctx: Any = ray.init(**init_args)
-    stop = threading.Event()  # installed after ray.init, which sets its own handlers
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    try:
-        print("reverie: starting actors…", file=sys.stderr, flush=True)
-        sup = supervisor.start(settings)
-        info = {"address": ctx.address_info["gcs_address"], "namespace": rt.namespace,
-                "pid": os.getpid(), "auth": auth, "started_at": time.time(),
-                "dashboard": ctx.dashboard_url or None}
-        _write_private(path, json.dumps(info))
-        print(f"reverie: running (namespace {rt.namespace}, data {settings.store.resolved_dir})")
-        if ctx.dashboard_url:
-            print(f"reverie: dashboard http://{ctx.dashboard_url} (token in "
-                  f"{settings.store.resolved_dir / TOKEN_FILE})")
-        print("reverie: Ctrl-C to stop", flush=True)
-        while not stop.wait(5.0):
-            try:
-                ray.get(sup.ping.remote(), timeout=30)
-            except Exception as exc:
-                log.error("supervisor not answering: %s", exc)
-        print("reverie: stopping…", file=sys.stderr, flush=True)
-        try:
-            ray.get(sup.stop.remote(), timeout=120)
-        except Exception as exc:
-            log.warning("clean stop failed: %s", exc)
-    finally:
-        if path.exists() and json.loads(path.read_text()).get("pid") == os.getpid():
-            path.unlink()
-        ray.shutdown()
-    print("reverie: stopped", file=sys.stderr)
-    return 0
+
+def cmd_init(args: argparse.Namespace, settings: Settings | None) -> int:
+    from runtime.user_config import default_user_config_path, write_user_config
+
+    path = args.path or default_user_config_path()
+    written = write_user_config(path, force=args.force)
+    print(f"wrote {written}")
+    return EXIT_OK
 
 
 def _turn(args: argparse.Namespace, text: str) -> Any:
@@ -226,7 +115,7 @@ def _print_reply(reply: Any, as_json: bool) -> None:
 def cmd_say(args: argparse.Namespace, settings: Settings) -> int:
     ray = connect(settings)
     _print_reply(_call(ray, settings, "turns", "process", _turn(args, args.text)), args.json)
-    return 0
+    return EXIT_OK
 
 
 def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
@@ -239,9 +128,9 @@ def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
             line = input("you> ")
         except EOFError:
             print(file=sys.stderr)
-            return 0
+            return EXIT_OK
         if line.strip() in ("/quit", "/exit"):
-            return 0
+            return EXIT_OK
         if not line.strip():
             continue
         try:
@@ -262,14 +151,14 @@ def cmd_recall(args: argparse.Namespace, settings: Settings) -> int:
                   Recall(query=args.query, max_items=args.max_items))
     if args.json:
         print(found.model_dump_json())
-        return 0
+        return EXIT_OK
     if found.degraded:
         print(f"(degraded recall: {found.reason})", file=sys.stderr)
     if not found.items:
         print("(nothing relevant)")
     for item in found.items:
         print(f"{item.ref:<12} {item.score:6.3f}  {item.text}")
-    return 0
+    return EXIT_OK
 
 
 def cmd_remember(args: argparse.Namespace, settings: Settings) -> int:
@@ -278,40 +167,70 @@ def cmd_remember(args: argparse.Namespace, settings: Settings) -> int:
     from runtime.facts import FactIn
 
     ray = connect(settings)
-    key = "note-" + hashlib.sha1(args.text.strip().lower().encode()).hexdigest()[:10]
-    fact = FactIn(kind=args.kind, subject=args.subject, key=args.key or key, value=args.text,
+    key = args.key or "note-" + hashlib.sha1(args.text.strip().lower().encode()).hexdigest()[:10]
+    fact = FactIn(kind=args.kind, subject=args.subject, key=key, value=args.text,
                   confidence=1.0, source="user", user_managed=True)
     written = _call(ray, settings, "graph", "add", AddFact(fact=fact, writer="cli"))
     _call(ray, settings, "recall", "sync", None)
     print(f"fact:{written.fact_id} ({written.action})")
-    return 0
+    return EXIT_OK
 
 
-def _fact_id(ref: str) -> int:
-    kind, _, ident = ref.rpartition(":")
-    if kind not in ("", "fact") or not ident.isdigit():
-        raise ValueError(f"{ref!r} is not a fact ref (fact:<id>); only facts can be "
-                         "forgotten or disabled so far")
-    return int(ident)
+def _change(ray: Any, settings: Settings, ref: str, change: str) -> str:
+    from actors.common import OWNERS
+    from actors.messages import ChangeMemory
+    from runtime.refs import parse_ref
+
+    parsed = parse_ref(ref)
+    ack = _call(ray, settings, OWNERS[parsed.kind], "change",
+                ChangeMemory(ref=str(parsed), change=change, writer="cli"))  # type: ignore[arg-type]
+    return str(ack.detail)
 
 
-def _change(args: argparse.Namespace, settings: Settings, change: str) -> int:
-    from actors.messages import ChangeFact
+def _confirm(question: str) -> bool:
+    try:
+        answer = input(f"{question} [y/N] ")
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
 
-    fact_id = _fact_id(args.ref)
+
+def _change_command(args: argparse.Namespace, settings: Settings, change: str) -> int:
+    from actors.messages import FindMemories
+
+    if bool(args.ref) == bool(args.matching):
+        raise ValueError("give either a ref (turn:12, episode:3, fact:7) or --matching TEXT")
     ray = connect(settings)
-    ack = _call(ray, settings, "graph", "change",
-                ChangeFact(fact_id=fact_id, change=change, writer="cli"))  # type: ignore[arg-type]
-    print(ack.detail)
-    return 0
+    if args.ref:
+        print(_change(ray, settings, args.ref, change))
+        return EXIT_OK
+    found = _call(ray, settings, "recall", "find", FindMemories(text=args.matching))
+    if not found.items:
+        print(f"nothing matches {args.matching!r}")
+        return EXIT_OK
+    for item in found.items:
+        print(f"{item.ref:<12} {item.text}")
+    verb = {"delete": "Forget", "disable": "Disable"}[change]
+    if not args.yes and not _confirm(f"{verb} these {len(found.items)}?"):
+        print("nothing changed")
+        return EXIT_OK
+    for item in found.items:
+        print(_change(ray, settings, item.ref, change))
+    return EXIT_OK
 
 
 def cmd_forget(args: argparse.Namespace, settings: Settings) -> int:
-    return _change(args, settings, "delete")
+    return _change_command(args, settings, "delete")
 
 
 def cmd_disable(args: argparse.Namespace, settings: Settings) -> int:
-    return _change(args, settings, "disable")
+    return _change_command(args, settings, "disable")
+
+
+def cmd_enable(args: argparse.Namespace, settings: Settings) -> int:
+    ray = connect(settings)
+    print(_change(ray, settings, args.ref, "enable"))
+    return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
@@ -327,17 +246,40 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
             print(f"  {name:<11} {state}")
         for name, count in status.counts.items():
             print(f"  {name:<11} {count}")
-    return 0 if all(s == "ok" for s in status.actors.values()) else 1
+    return EXIT_OK if all(s == "ok" for s in status.actors.values()) else EXIT_NO_RUNTIME
 
 
 def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with path.open() as fh:
+    try:
+        fh = path.open(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"{path}: {exc.strerror}") from None
+    with fh:
         for n, line in enumerate(fh, 1):
-            if line.strip():
-                try:
-                    yield n, json.loads(line)
-                except ValueError as exc:
-                    raise ValueError(f"{path}:{n}: not JSON: {exc}") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise ValueError(f"{path}:{n}: not JSON: {exc}") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{n}: a line must be a JSON object")
+            yield n, row
+
+
+def _default_source(role: str) -> str:
+    """The source of an imported line that does not name one: who spoke it."""
+    return "assistant" if role == "assistant" else "user" if role == "user" else role
+
+
+def import_request_id(turn: dict[str, Any], occurrence: int) -> str:
+    """The de-duplication key of an imported line: what it says, never where it
+    came from. The same line imported twice (from any file) is written once; two
+    identical lines of one history are both kept (``occurrence`` tells them apart)."""
+    key = json.dumps([turn.get(k) for k in
+                      ("channel", "speaker", "role", "source", "created_at", "content")]
+                     + [occurrence], sort_keys=True, default=str)
+    return "import-" + hashlib.sha256(key.encode()).hexdigest()[:32]
 
 
 def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
@@ -347,12 +289,16 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
 
     path = Path(args.file)
     turns: list[TurnIn] = []
+    seen: dict[str, int] = {}
     for n, row in _read_jsonl(path):
-        # the same line imported twice is written once
-        request_id = "import-" + hashlib.sha1(f"{path.name}:{n}".encode()).hexdigest()[:20]
+        fields = {"channel": args.channel, **row}
+        fields.setdefault("role", "user")
+        fields.setdefault("source", _default_source(str(fields["role"])))
+        base = import_request_id(fields, 0)
+        seen[base] = seen.get(base, -1) + 1
+        fields.setdefault("request_id", import_request_id(fields, seen[base]))
         try:
-            turns.append(TurnIn(**{"channel": args.channel, "source": "user",
-                                   "request_id": request_id, **row}))
+            turns.append(TurnIn(**fields))
         except (ValidationError, TypeError) as exc:
             raise ValueError(f"{path}:{n}: {exc}") from None
     ray = connect(settings)
@@ -362,7 +308,7 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
         progress(min(start + IMPORT_BATCH, len(turns)), len(turns), "import")
     _reindex_progress(ray, settings)
     print(f"imported {len(turns)} turns from {path}")
-    return 0
+    return EXIT_OK
 
 
 def _reindex_progress(ray: Any, settings: Settings) -> None:
@@ -385,21 +331,29 @@ def cmd_reindex(args: argparse.Namespace, settings: Settings) -> int:
     if args.reembed:
         _call(ray, settings, "recall", "clear", None, timeout=600)
     _reindex_progress(ray, settings)
-    return 0
+    return EXIT_OK
 
 
 # -- entry point ------------------------------------------------------------
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="reverie", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", type=Path, help="configuration file (default: $REVERIE_CONFIG "
-                   "or the shipped configs/reverie.toml)")
+    p.add_argument("--config", type=Path, help="configuration file, layered over the "
+                   "packaged defaults (default: $REVERIE_CONFIG, else "
+                   "~/.config/reverie/reverie.toml if it exists)")
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="start the runtime in the foreground")
-    run.add_argument("--address", help="join this existing Ray cluster instead of starting one")
+    run.add_argument("--address", help="join this existing Ray cluster instead of starting "
+                     "a local node (its addresses are routable: see docs/security.md)")
     run.add_argument("--verbose", action="store_true", help="show the actors' logs")
     run.set_defaults(func=cmd_run)
+
+    init = sub.add_parser("init", help="write a commented user configuration file")
+    init.add_argument("--path", type=Path, help="where (default: $REVERIE_CONFIG or "
+                      "~/.config/reverie/reverie.toml)")
+    init.add_argument("--force", action="store_true", help="overwrite an existing file")
+    init.set_defaults(func=cmd_init, needs_settings=False)
 
     def turn_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--channel", default="cli")
@@ -430,13 +384,23 @@ def parser() -> argparse.ArgumentParser:
     remember.add_argument("--key", help="fact key (default: derived from the text)")
     remember.set_defaults(func=cmd_remember)
 
-    forget = sub.add_parser("forget", help="delete a fact for good (fact:<id>)")
-    forget.add_argument("ref")
+    def change_args(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("ref", nargs="?", help="turn:<id>, episode:<id> or fact:<id>")
+        sp.add_argument("--matching", metavar="TEXT",
+                        help="find memories by their words, show them and ask first")
+        sp.add_argument("--yes", action="store_true", help="with --matching: do not ask")
+
+    forget = sub.add_parser("forget", help="delete a memory for good, content and all")
+    change_args(forget)
     forget.set_defaults(func=cmd_forget)
 
-    disable = sub.add_parser("disable", help="hide a fact from recall, reversibly (fact:<id>)")
-    disable.add_argument("ref")
+    disable = sub.add_parser("disable", help="hide a memory from recall, reversibly")
+    change_args(disable)
     disable.set_defaults(func=cmd_disable)
+
+    enable = sub.add_parser("enable", help="bring a disabled memory back")
+    enable.add_argument("ref", help="turn:<id>, episode:<id> or fact:<id>")
+    enable.set_defaults(func=cmd_enable)
 
     status = sub.add_parser("status", help="health of the running runtime (exit 1 if none)")
     status.add_argument("--json", action="store_true")
@@ -453,25 +417,37 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _error(message: str, code: int) -> int:
+    print(f"reverie: {message}", file=sys.stderr)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    func: Callable[[argparse.Namespace, Any], int] = args.func
+    settings: Settings | None = None
     try:
-        settings = load_settings(args.config)
+        if getattr(args, "needs_settings", True):
+            settings = load_settings(args.config)
     except ConfigError as exc:
-        print(f"reverie: configuration error: {exc}", file=sys.stderr)
-        return 2
-    _prepare_auth(args, settings)  # Ray reads its auth settings when first imported
+        return _error(f"configuration error: {exc}", EXIT_BAD_INPUT)
+    if settings is not None and args.command != "run":
+        prepare_client_auth(settings)  # Ray reads its auth settings when first imported
     from actors.common import BadRequest
 
     try:
-        return int(args.func(args, settings))
+        return int(func(args, settings))
     except NoRuntime as exc:
-        print(f"reverie: {exc}", file=sys.stderr)
-        return 1
-    except (BadRequest, ValidationError, ValueError) as exc:
-        print(f"reverie: error: {exc}", file=sys.stderr)
-        return 2
+        return _error(str(exc), EXIT_NO_RUNTIME)
+    except ValidationError as exc:
+        from actors.common import bad_request
+
+        return _error(f"error: {bad_request(exc)}", EXIT_BAD_INPUT)
+    except (BadRequest, ValueError, FileExistsError) as exc:
+        return _error(f"error: {exc}", EXIT_BAD_INPUT)
+    except RuntimeFailure as exc:
+        return _error(f"runtime error: {exc}", EXIT_RUNTIME_ERROR)
     except KeyboardInterrupt:
         return 130
 

@@ -57,10 +57,19 @@ def memory(make_settings: Callable[..., Settings], clock: ManualClock,
 def ray_instance() -> Iterator[str]:
     """One real local Ray instance for the whole test session (start-up costs seconds).
 
-    Yields its GCS address, so that subprocesses (the ``reverie`` command) can join it."""
+    Yields its GCS address, so that subprocesses (the ``reverie`` command) can join it.
+    Like ``reverie run``, it is a node of its own (never one named by ``RAY_ADDRESS``)
+    listening on loopback only."""
+    import logging
+
+    from actors.node import LOOPBACK, exposed, loopback_environment
+
+    loopback_environment()  # Ray may be imported already (test modules import actors)
     import ray
 
-    ctx = ray.init(num_cpus=2, object_store_memory=96 * 1024 * 1024, include_dashboard=False,
-                   logging_level="WARNING", log_to_driver=False, _node_ip_address="127.0.0.1")
+    ctx: Any = ray.init(address="local", num_cpus=2, object_store_memory=96 * 1024 * 1024,
+                        include_dashboard=False, logging_level=logging.WARNING,
+                        log_to_driver=False, _node_ip_address=LOOPBACK)
+    assert not exposed(ctx.address_info), ctx.address_info
     yield str(ctx.address_info["gcs_address"])
     ray.shutdown()

@@ -1,0 +1,124 @@
+"""How the ``reverie`` commands find the running runtime.
+
+``reverie run`` writes ``runtime.json`` (owner-only) into the data directory:
+the Ray address, the namespace, its own pid and how Ray authenticates. The
+client commands read it, point Ray at the token file when the node was started
+with one, and join the cluster. Nothing here starts a node (``actors.node``
+does).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+from pathlib import Path
+from typing import Any
+
+from runtime.config import Settings
+
+log = logging.getLogger(__name__)
+
+RUNTIME_FILE = "runtime.json"
+TOKEN_FILE = "ray-auth-token"
+
+
+class NoRuntime(RuntimeError):
+    """No runtime is answering for this data directory."""
+
+
+def runtime_path(settings: Settings) -> Path:
+    return settings.store.resolved_dir / RUNTIME_FILE
+
+
+def token_path(settings: Settings) -> Path:
+    return settings.store.resolved_dir / TOKEN_FILE
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def read_runtime(settings: Settings) -> dict[str, Any]:
+    """What the running runtime wrote about itself; :class:`NoRuntime` if none."""
+    path = runtime_path(settings)
+    try:
+        info: dict[str, Any] = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise NoRuntime(f"no runtime is running for {settings.store.resolved_dir}"
+                        " (start one with `reverie run`)") from None
+    except (ValueError, OSError):
+        raise NoRuntime(f"{path} is unreadable; is a runtime running?") from None
+    if not isinstance(info, dict) or not _pid_alive(int(info.get("pid", -1))):
+        raise NoRuntime(f"the runtime that wrote {path} (pid {info.get('pid')}) is gone")
+    return info
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` as an owner-only file (temp file, then rename)."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+def write_runtime(settings: Settings, info: dict[str, Any]) -> None:
+    write_private(runtime_path(settings), json.dumps(info))
+
+
+def remove_runtime(settings: Settings) -> None:
+    """Remove ``runtime.json`` if this process wrote it."""
+    path = runtime_path(settings)
+    try:
+        if json.loads(path.read_text()).get("pid") == os.getpid():
+            path.unlink()
+    except (OSError, ValueError):
+        pass
+
+
+def use_token(settings: Settings) -> Path:
+    """Ray's token auth, with a private token file in the data directory."""
+    path = token_path(settings)
+    if not path.exists():
+        write_private(path, secrets.token_urlsafe(32))
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN_PATH"] = str(path)
+    return path
+
+
+def prepare_client_auth(settings: Settings) -> None:
+    """Point Ray at the running runtime's token file, if it started its node with one.
+
+    Must run before Ray is first imported: Ray reads its auth settings then."""
+    try:
+        info = json.loads(runtime_path(settings).read_text())
+    except (OSError, ValueError):
+        return
+    if isinstance(info, dict) and info.get("auth") == "token-file":
+        use_token(settings)
+
+
+def connect(settings: Settings) -> Any:
+    """Join the running runtime's Ray cluster; return the ray module."""
+    info = read_runtime(settings)
+    from actors.node import join_environment
+
+    join_environment(str(info["address"]))  # a loopback address needs Ray's loopback mode
+    import ray
+
+    try:
+        ray.init(address=info["address"], namespace=info["namespace"],
+                 logging_level=logging.ERROR, log_to_driver=False, configure_logging=False)
+    except Exception as exc:
+        raise NoRuntime(f"the runtime at {info.get('address')} is not answering: "
+                        f"{type(exc).__name__}") from None
+    return ray

@@ -1,0 +1,194 @@
+"""Starting the runtime: ``reverie run``.
+
+On the embedded default this starts a local Ray node of its own (never a stray
+cluster: ``address="local"``) with a bounded object store and the dashboard on
+loopback behind Ray's token auth, then the Supervisor and its actors, and
+stops cleanly on Ctrl-C or SIGTERM. With ``--address`` it joins an existing
+Ray cluster instead. It writes ``runtime.json`` for the client commands
+(``actors.discovery``).
+
+Our own node listens on loopback only (``docs/security.md``). Ray keys every
+bind address on the node IP: the GCS, the raylet, each worker's gRPC server,
+the agents and the metrics servers bind to loopback when the node IP is
+loopback, and to every interface otherwise. But ``ray.init`` rewrites a
+loopback ``_node_ip_address`` to the machine's routable address
+(``ray._private.services.resolve_ip_for_localhost``) unless Ray's
+"cluster" mode is off, which is what ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
+does (the default on macOS and Windows). :func:`loopback_environment` sets it;
+:func:`run` checks the node IP it got and refuses to run exposed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+from actors.discovery import (
+    NoRuntime,
+    read_runtime,
+    remove_runtime,
+    token_path,
+    use_token,
+    write_runtime,
+)
+from runtime.config import Settings
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = "127.0.0.1"
+PING_EVERY_S = 5.0
+EXIT_EXPOSED = 3
+
+# Read by ``ray._private.ray_constants`` when Ray is imported: with Ray's
+# cluster mode off, ``ray.init`` keeps a loopback node IP instead of swapping in
+# the routable one (``services.get_node_ip_address``); child processes inherit it.
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an IP, ``[IPv6]``, ``localhost``, or ``host:port``) is loopback."""
+    if host.count(":") == 1:  # host:port (IPv4 or a name)
+        host = host.rsplit(":", 1)[0]
+    elif host.startswith("[") and "]" in host:  # [IPv6]:port
+        host = host[1:host.index("]")]
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def loopback_environment() -> None:
+    """Keep a Ray node started by this process (and its children) on loopback.
+
+    Call before ``ray.init`` on our own node, best before Ray is imported; not
+    before joining a cluster on routable addresses (:func:`join_environment`).
+
+    Ray reads its settings when it is imported. If a caller imported it first (a
+    test session; a module that wanted Ray's exception classes), the imported
+    copy is brought up to date: the constant read from the variable above, and
+    Ray's config from ``RAY_*`` (as Ray itself does when it turns on token auth,
+    ``authentication_token_setup._enable_token_auth``), so a token-auth mode set
+    just before is seen too."""
+    os.environ.update(LOOPBACK_ENV)
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        vars(constants)["ENABLE_RAY_CLUSTER"] = False
+    raylet = sys.modules.get("ray._raylet")
+    if raylet is not None:
+        raylet.Config.initialize("")
+
+
+def join_environment(address: str) -> None:
+    """Before joining the cluster at ``address`` (``--address``; the client commands).
+
+    Ray rewrites a loopback address to this machine's routable one before it
+    connects (``services.canonicalize_bootstrap_address``), and a node on
+    loopback does not listen there: the client would wait forever. So joining a
+    loopback address needs :func:`loopback_environment` too."""
+    if is_loopback(address):
+        loopback_environment()
+
+
+def prepare_node_auth(settings: Settings, address: str | None) -> str:
+    """Set up Ray's token auth before Ray is imported; return the auth mode recorded.
+
+    Our own node uses a private token file in the data directory; a joined
+    cluster keeps whatever auth it has."""
+    if address:
+        return "inherited"
+    settings.store.resolved_dir.mkdir(parents=True, exist_ok=True)
+    use_token(settings)
+    return "token-file"
+
+
+def ray_init_args(settings: Settings, address: str | None, verbose: bool) -> dict[str, Any]:
+    """The arguments of ``ray.init`` for ``reverie run``."""
+    rt = settings.runtime
+    args: dict[str, Any] = {"namespace": rt.namespace, "logging_level": logging.WARNING,
+                            "log_to_driver": verbose}
+    if address:
+        args["address"] = address
+        return args
+    if rt.dashboard and not is_loopback(rt.dashboard_host):
+        log.warning("runtime.dashboard_host=%s exposes the dashboard beyond this machine;"
+                    " use an SSH tunnel instead (docs/security.md)", rt.dashboard_host)
+    args.update(
+        address="local",  # never join a cluster named by RAY_ADDRESS or an earlier session
+        num_cpus=rt.num_cpus, object_store_memory=rt.object_store_mb * 1024 * 1024,
+        include_dashboard=rt.dashboard, dashboard_host=rt.dashboard_host,
+        dashboard_port=rt.dashboard_port, _node_ip_address=LOOPBACK)
+    return args
+
+
+def exposed(address_info: dict[str, Any]) -> list[str]:
+    """The addresses of a node we started that are not loopback (none, if all is well)."""
+    hosts = [str(address_info.get(key, "")) for key in ("node_ip_address", "gcs_address")]
+    return [host for host in hosts if not is_loopback(host)]
+
+
+def run(settings: Settings, address: str | None = None, verbose: bool = False) -> int:
+    """Run the runtime in the foreground until Ctrl-C or SIGTERM; return the exit code."""
+    try:
+        read_runtime(settings)
+        print(f"reverie: already running for {settings.store.resolved_dir}", file=sys.stderr)
+        return 1
+    except NoRuntime:
+        pass
+    auth = prepare_node_auth(settings, address)  # before Ray is imported
+    if address:  # after the auth settings: both refresh an already-imported Ray
+        join_environment(address)
+    else:
+        loopback_environment()
+    import ray
+
+    from actors import supervisor
+
+    print("reverie: starting Ray…", file=sys.stderr, flush=True)
+    ctx: Any = ray.init(**ray_init_args(settings, address, verbose))
+    if not address and (wrong := exposed(ctx.address_info)):
+        ray.shutdown()
+        print(f"reverie: Ray bound the node to {', '.join(wrong)}, not loopback; refusing to"
+              " run exposed (docs/security.md)", file=sys.stderr)
+        return EXIT_EXPOSED
+    stop = threading.Event()  # installed after ray.init, which sets its own handlers
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        print("reverie: starting actors…", file=sys.stderr, flush=True)
+        sup = supervisor.start(settings)
+        write_runtime(settings, {
+            "address": ctx.address_info["gcs_address"], "namespace": settings.runtime.namespace,
+            "pid": os.getpid(), "auth": auth, "started_at": time.time(),
+            "dashboard": ctx.dashboard_url or None})
+        print(f"reverie: running (namespace {settings.runtime.namespace}, "
+              f"data {settings.store.resolved_dir})")
+        if ctx.dashboard_url:
+            print(f"reverie: dashboard http://{ctx.dashboard_url} (token in "
+                  f"{token_path(settings)})")
+        print("reverie: Ctrl-C to stop", flush=True)
+        while not stop.wait(PING_EVERY_S):
+            try:
+                ray.get(sup.ping.remote(), timeout=30)
+            except Exception as exc:
+                log.error("supervisor not answering: %s", type(exc).__name__)
+        print("reverie: stopping…", file=sys.stderr, flush=True)
+        try:
+            ray.get(sup.stop.remote(), timeout=120)
+        except Exception as exc:
+            log.warning("clean stop failed: %s", type(exc).__name__)
+    finally:
+        remove_runtime(settings)
+        ray.shutdown()
+    print("reverie: stopped", file=sys.stderr)
+    return 0

@@ -1,0 +1,277 @@
+"""``reverie run`` on the embedded default listens on loopback only.
+
+The runtime is started the way a user starts it (``python -m actors.cli run``,
+a subprocess with its own Ray node), its whole process tree is walked, and each
+process's sockets are matched to the listening entries of ``/proc/net/tcp``
+and ``tcp6``. Any listener outside 127.0.0.0/8 and ::1 fails the test, listed
+by process, address and port.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import queue
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
+
+REVERIE = [sys.executable, "-m", "actors.cli"]
+START_TIMEOUT_S = 240
+SCANS = 4  # listeners are collected over a few scans, for late-starting workers
+SCAN_EVERY_S = 1.0
+CLIENT_TIMEOUT_S = 60
+TCP_LISTEN = "0A"
+
+
+@dataclass(frozen=True)
+class Listener:
+    pid: int
+    process: str
+    address: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"{self.process} (pid {self.pid}) on {host}:{self.port}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read().decode(errors="replace")
+    except OSError:  # the process is gone, or not ours to read
+        return ""
+
+
+def _parents() -> dict[int, int]:
+    """Every process's parent pid, from ``/proc/<pid>/stat``."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            stat = _read(f"/proc/{entry}/stat")
+            if stat:  # "pid (comm) state ppid ...": comm may hold spaces and parentheses
+                parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return parents
+
+
+def _session_dirs(pids: set[int]) -> set[str]:
+    """Ray's session directories named on the command lines of ``pids``."""
+    found = set()
+    for pid in pids:
+        for arg in _read(f"/proc/{pid}/cmdline").split("\0"):
+            for flag in ("--session-dir=", "--session_dir="):
+                if arg.startswith(flag):
+                    found.add(arg[len(flag):])
+    return found
+
+
+def process_tree(root: int) -> set[int]:
+    """``root``, its descendants, and any process that names the same Ray session
+    on its command line (in case one detached from the tree)."""
+    children: dict[int, list[int]] = {}
+    for pid, parent in _parents().items():
+        children.setdefault(parent, []).append(pid)
+    tree, todo = {root}, [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in tree:
+                tree.add(child)
+                todo.append(child)
+    sessions = _session_dirs(tree)
+    if sessions:
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) not in tree:
+                cmdline = _read(f"/proc/{entry}/cmdline")
+                if any(session in cmdline for session in sessions):
+                    tree.add(int(entry))
+    return tree
+
+
+def _address(hex_address: str) -> str:
+    """An address of ``/proc/net/tcp[6]``: 32-bit words in host byte order."""
+    words = [int(hex_address[i:i + 8], 16) for i in range(0, len(hex_address), 8)]
+    packed = b"".join(struct.pack("=I", word) for word in words)
+    return socket.inet_ntop(socket.AF_INET if len(packed) == 4 else socket.AF_INET6, packed)
+
+
+def listening_sockets(net_pid: int) -> dict[str, tuple[str, int]]:
+    """Socket inode -> (address, port) of every TCP listener in ``net_pid``'s network namespace."""
+    found = {}
+    for table in ("tcp", "tcp6"):
+        for line in _read(f"/proc/{net_pid}/net/{table}").splitlines()[1:]:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == TCP_LISTEN:
+                hex_address, hex_port = fields[1].split(":")
+                found[fields[9]] = (_address(hex_address), int(hex_port, 16))
+    return found
+
+
+def _process_name(pid: int) -> str:
+    cmdline = _read(f"/proc/{pid}/cmdline").replace("\0", " ").strip()
+    return cmdline[:100] or _read(f"/proc/{pid}/comm").strip()
+
+
+def listeners_of(root: int) -> set[Listener]:
+    """The TCP listeners held by ``root``'s process tree."""
+    inodes = listening_sockets(root)
+    found = set()
+    for pid in process_tree(root):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if target.startswith("socket:[") and target[8:-1] in inodes:
+                address, port = inodes[target[8:-1]]
+                found.add(Listener(pid, _process_name(pid), address, port))
+    return found
+
+
+def is_loopback(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped  # ::ffff:127.0.0.1, a dual-stack socket bound to IPv4 loopback
+    return ip.is_loopback
+
+
+def test_address_decoding() -> None:
+    assert _address(f"{struct.unpack('=I', socket.inet_aton('127.0.0.1'))[0]:08X}") == "127.0.0.1"
+    assert _address("0" * 32) == "::"
+    assert is_loopback("127.0.0.1") and is_loopback("127.8.9.10") and is_loopback("::1")
+    assert is_loopback("::ffff:127.0.0.1")
+    assert not is_loopback("0.0.0.0") and not is_loopback("::") and not is_loopback("192.0.2.2")
+    assert not is_loopback("::ffff:192.0.2.2")
+
+
+@dataclass
+class Started:
+    proc: subprocess.Popen[str]
+    env: dict[str, str]
+    data_dir: Path
+    output: list[str]
+    ray_address: str
+
+
+@pytest.fixture(scope="module")
+def embedded_runtime(tmp_path_factory: pytest.TempPathFactory,
+                     model_cache: Path) -> Iterator[Started]:
+    """``reverie run`` on the embedded default, as a user starts it.
+
+    Ray settings of the test session are not passed on (a user's shell has
+    none), and ``RAY_ADDRESS`` names a cluster that does not exist: the runtime
+    must start a node of its own all the same."""
+    root = tmp_path_factory.mktemp("listeners")
+    data_dir = root / "data"
+    ray_address = f"127.0.0.1:{_free_port()}"
+    env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
+    env.update({
+        "REVERIE_DATA_DIR": str(data_dir),
+        "REVERIE_RUNTIME__NAMESPACE": f"listeners-{os.getpid()}",
+        "REVERIE_RUNTIME__DASHBOARD_PORT": str(_free_port()),
+        "REVERIE_EMBEDDER__CACHE_DIR": str(model_cache),
+        "REVERIE_PERSONA__GLOBAL_DIR": str(root / "persona"),
+    })
+    proc = subprocess.Popen([*REVERIE, "run"], env={**env, "RAY_ADDRESS": ray_address},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue[str | None] = queue.Queue()
+    started = Started(proc, env, data_dir, [], ray_address)
+
+    def pump() -> None:
+        for line in proc.stdout or []:
+            started.output.append(line)
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + START_TIMEOUT_S
+    try:
+        while True:
+            try:
+                line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                pytest.fail(f"reverie run did not start in {START_TIMEOUT_S} s:\n"
+                            + "".join(started.output))
+            if line is None:
+                pytest.fail(f"reverie run exited ({proc.wait()}):\n" + "".join(started.output))
+            if "Ctrl-C to stop" in line:
+                break
+        yield started
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def test_embedded_runtime_listens_on_loopback_only(embedded_runtime: Started) -> None:
+    proc = embedded_runtime.proc
+    found: set[Listener] = set()
+    for scan in range(SCANS):
+        if scan:
+            time.sleep(SCAN_EVERY_S)
+        found |= listeners_of(proc.pid)
+    assert proc.poll() is None, "".join(embedded_runtime.output)
+    info = json.loads((embedded_runtime.data_dir / "runtime.json").read_text())
+    gcs_port = int(info["address"].rsplit(":", 1)[1])
+    # The walk found the runtime's own servers, so that no exposed listener means something.
+    assert gcs_port in {listener.port for listener in found}, sorted(map(str, found))
+    assert len({listener.pid for listener in found}) >= 4, sorted(map(str, found))
+
+    exposed = sorted(str(listener) for listener in found if not is_loopback(listener.address))
+    assert not exposed, "listeners outside loopback:\n  " + "\n  ".join(exposed)
+
+
+def test_runtime_json_names_its_own_loopback_node(embedded_runtime: Started) -> None:
+    info = json.loads((embedded_runtime.data_dir / "runtime.json").read_text())
+    host = info["address"].rsplit(":", 1)[0].strip("[]")
+    assert is_loopback(host), f"runtime.json records the GCS at {info['address']}"
+    assert info["address"] != embedded_runtime.ray_address  # RAY_ADDRESS did not capture it
+    assert info["pid"] == embedded_runtime.proc.pid
+
+
+def test_client_commands_reach_the_loopback_runtime(embedded_runtime: Started) -> None:
+    """A client joins the address in ``runtime.json``; Ray would rewrite a loopback
+    one to the routable address (where nothing listens) and wait forever."""
+    try:
+        result = subprocess.run([*REVERIE, "status"], env=embedded_runtime.env,
+                                capture_output=True, text=True, timeout=CLIENT_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        err = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else ""
+        pytest.fail(f"reverie status did not reach the runtime in {CLIENT_TIMEOUT_S} s:\n"
+                    f"{err[-1500:]}")
+    assert result.returncode == 0, result.stderr[-1500:]
+    assert "transcript" in result.stdout
+
+
+def test_sigterm_stops_it_cleanly(embedded_runtime: Started) -> None:
+    proc = embedded_runtime.proc
+    assert proc.poll() is None, "".join(embedded_runtime.output)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0, "".join(embedded_runtime.output)
+    assert not (embedded_runtime.data_dir / "runtime.json").exists()
