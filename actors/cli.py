@@ -35,35 +35,56 @@ EXIT_RUNTIME_ERROR = 3
 
 IMPORT_BATCH = 128
 CALL_TIMEOUT_S = 120.0
+REINDEX_TIMEOUT_S = 600.0
 
 
-class RuntimeFailure(RuntimeError):
-    """The runtime is there but failed to answer (dead actor, timeout, internal error)."""
+class Remote:
+    """The running runtime, reached through the actors' typed clients."""
+
+    def __init__(self, settings: Settings, timeout_s: float = CALL_TIMEOUT_S) -> None:
+        connect(settings)
+        from actors import handles
+
+        ns = settings.runtime.namespace
+        self.namespace = ns
+        self.turns = handles.TurnsClient(ns, timeout_s)
+        self.transcript = handles.TranscriptClient(ns, timeout_s)
+        self.recall = handles.RecallClient(ns, timeout_s)
+        self.graph = handles.GraphClient(ns, timeout_s)
+        self.supervisor = handles.SupervisorClient(ns, timeout_s)
+        self.timeout_s = timeout_s
+
+    def owner(self, ref: str) -> Any:
+        """The client of the actor that owns ``ref``."""
+        from actors.handles import owner
+
+        return owner(ref, self.namespace, self.timeout_s)
 
 
-def _call(ray: Any, settings: Settings, name: str, method: str, *args: Any,
-          timeout: float = CALL_TIMEOUT_S) -> Any:
-    """Call one actor method; map Ray's errors to the three kinds the CLI reports."""
-    from actors.common import BadRequest, actor, unwrap
+def _exit_code(exc: BaseException) -> tuple[int, str]:
+    """How an error is reported: its exit code and its one line."""
+    from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
-    try:
-        handle = actor(name, settings.runtime.namespace)
-    except ValueError:  # the runtime answers, but this actor is gone
-        raise RuntimeFailure(f"the {name} actor is not running in namespace "
-                             f"{settings.runtime.namespace!r}; see `reverie status`") from None
-    try:
-        return ray.get(getattr(handle, method).remote(*args), timeout=timeout)
-    except ray.exceptions.RayTaskError as exc:
-        cause = unwrap(exc)
-        if isinstance(cause, BadRequest | ValidationError):
-            raise cause from None
-        raise RuntimeFailure(f"the {name} actor failed: {type(cause).__name__}: "
-                             f"{str(cause).splitlines()[0] if str(cause) else ''}") from None
-    except ray.exceptions.GetTimeoutError:
-        raise RuntimeFailure(f"the {name} actor did not answer within {timeout:.0f} s") from None
-    except ray.exceptions.RayActorError:
-        raise RuntimeFailure(f"the {name} actor is dead or restarting; "
-                             "see `reverie status`") from None
+    from actors.common import BadRequest, bad_request
+    from actors.handles import NoActor
+
+    if isinstance(exc, NoRuntime):
+        return EXIT_NO_RUNTIME, str(exc)
+    if isinstance(exc, ValidationError):
+        return EXIT_BAD_INPUT, f"error: {bad_request(exc)}"
+    if isinstance(exc, BadRequest | ValueError | FileExistsError):
+        return EXIT_BAD_INPUT, f"error: {exc}"
+    if isinstance(exc, NoActor):
+        return EXIT_RUNTIME_ERROR, f"runtime error: {exc}; see `reverie status`"
+    if isinstance(exc, GetTimeoutError):
+        return EXIT_RUNTIME_ERROR, "runtime error: a call timed out; see `reverie status`"
+    if isinstance(exc, RayActorError):
+        return EXIT_RUNTIME_ERROR, ("runtime error: an actor died or is restarting; "
+                                    "see `reverie status`")
+    if isinstance(exc, RayError):
+        return EXIT_RUNTIME_ERROR, f"runtime error: {type(exc).__name__}"
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return EXIT_RUNTIME_ERROR, f"runtime error: {type(exc).__name__}: {first}"
 
 
 # -- progress ---------------------------------------------------------------
@@ -113,15 +134,15 @@ def _print_reply(reply: Any, as_json: bool) -> None:
 
 
 def cmd_say(args: argparse.Namespace, settings: Settings) -> int:
-    ray = connect(settings)
-    _print_reply(_call(ray, settings, "turns", "process", _turn(args, args.text)), args.json)
+    remote = Remote(settings)
+    _print_reply(remote.turns.process(_turn(args, args.text)), args.json)
     return EXIT_OK
 
 
 def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
     from actors.common import BadRequest
 
-    ray = connect(settings)
+    remote = Remote(settings)
     print(f"reverie chat on channel {args.channel!r}; /quit or Ctrl-D to leave", file=sys.stderr)
     while True:
         try:
@@ -134,7 +155,7 @@ def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
         if not line.strip():
             continue
         try:
-            reply = _call(ray, settings, "turns", "process", _turn(args, line))
+            reply = remote.turns.process(_turn(args, line))
         except (BadRequest, ValidationError) as exc:
             print(f"reverie: {exc}", file=sys.stderr)
             continue
@@ -146,9 +167,7 @@ def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_recall(args: argparse.Namespace, settings: Settings) -> int:
     from actors.messages import Recall
 
-    ray = connect(settings)
-    found = _call(ray, settings, "recall", "recall",
-                  Recall(query=args.query, max_items=args.max_items))
+    found = Remote(settings).recall.recall(Recall(query=args.query, max_items=args.max_items))
     if args.json:
         print(found.model_dump_json())
         return EXIT_OK
@@ -166,24 +185,23 @@ def cmd_remember(args: argparse.Namespace, settings: Settings) -> int:
     from actors.messages import AddFact
     from runtime.facts import FactIn
 
-    ray = connect(settings)
+    remote = Remote(settings)
     key = args.key or "note-" + hashlib.sha1(args.text.strip().lower().encode()).hexdigest()[:10]
     fact = FactIn(kind=args.kind, subject=args.subject, key=key, value=args.text,
                   confidence=1.0, source="user", user_managed=True)
-    written = _call(ray, settings, "graph", "add", AddFact(fact=fact, writer="cli"))
-    _call(ray, settings, "recall", "sync", None)
+    written = remote.graph.add(AddFact(fact=fact, writer="cli"))
+    remote.recall.sync()
     print(f"fact:{written.fact_id} ({written.action})")
     return EXIT_OK
 
 
-def _change(ray: Any, settings: Settings, ref: str, change: str) -> str:
-    from actors.common import OWNERS
+def _change(remote: Remote, ref: str, change: str) -> str:
     from actors.messages import ChangeMemory
     from runtime.refs import parse_ref
 
-    parsed = parse_ref(ref)
-    ack = _call(ray, settings, OWNERS[parsed.kind], "change",
-                ChangeMemory(ref=str(parsed), change=change, writer="cli"))  # type: ignore[arg-type]
+    parsed = str(parse_ref(ref))
+    ack = remote.owner(parsed).change(
+        ChangeMemory(ref=parsed, change=change, writer="cli"))  # type: ignore[arg-type]
     return str(ack.detail)
 
 
@@ -200,11 +218,11 @@ def _change_command(args: argparse.Namespace, settings: Settings, change: str) -
 
     if bool(args.ref) == bool(args.matching):
         raise ValueError("give either a ref (turn:12, episode:3, fact:7) or --matching TEXT")
-    ray = connect(settings)
+    remote = Remote(settings)
     if args.ref:
-        print(_change(ray, settings, args.ref, change))
+        print(_change(remote, args.ref, change))
         return EXIT_OK
-    found = _call(ray, settings, "recall", "find", FindMemories(text=args.matching))
+    found = remote.recall.find(FindMemories(text=args.matching))
     if not found.items:
         print(f"nothing matches {args.matching!r}")
         return EXIT_OK
@@ -215,7 +233,7 @@ def _change_command(args: argparse.Namespace, settings: Settings, change: str) -
         print("nothing changed")
         return EXIT_OK
     for item in found.items:
-        print(_change(ray, settings, item.ref, change))
+        print(_change(remote, item.ref, change))
     return EXIT_OK
 
 
@@ -228,16 +246,14 @@ def cmd_disable(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_enable(args: argparse.Namespace, settings: Settings) -> int:
-    ray = connect(settings)
-    print(_change(ray, settings, args.ref, "enable"))
+    print(_change(Remote(settings), args.ref, "enable"))
     return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     from actors.messages import StatusRequest
 
-    ray = connect(settings)
-    status = _call(ray, settings, "supervisor", "status", StatusRequest(), timeout=60)
+    status = Remote(settings).supervisor.status(StatusRequest())
     if args.json:
         print(status.model_dump_json())
     else:
@@ -301,23 +317,23 @@ def cmd_import(args: argparse.Namespace, settings: Settings) -> int:
             turns.append(TurnIn(**fields))
         except (ValidationError, TypeError) as exc:
             raise ValueError(f"{path}:{n}: {exc}") from None
-    ray = connect(settings)
+    remote = Remote(settings, timeout_s=REINDEX_TIMEOUT_S)
     for start in range(0, len(turns), IMPORT_BATCH):
-        _call(ray, settings, "transcript", "append",
-              AppendTurns(turns=turns[start:start + IMPORT_BATCH], writer="import"))
+        remote.transcript.append(
+            AppendTurns(turns=turns[start:start + IMPORT_BATCH], writer="import"))
         progress(min(start + IMPORT_BATCH, len(turns)), len(turns), "import")
-    _reindex_progress(ray, settings)
+    _reindex_progress(remote)
     print(f"imported {len(turns)} turns from {path}")
     return EXIT_OK
 
 
-def _reindex_progress(ray: Any, settings: Settings) -> None:
+def _reindex_progress(remote: Remote) -> None:
     from actors.messages import SyncIndex
 
-    first = _call(ray, settings, "recall", "pending", None)
+    first = remote.recall.pending()
     total, done = int(first), 0
     while True:
-        synced = _call(ray, settings, "recall", "sync", SyncIndex(limit=256), timeout=600)
+        synced = remote.recall.sync(SyncIndex(limit=256))
         if synced.added == 0:
             if done < total:  # fewer were pending than counted: finish the bar
                 progress(total, total, "index")
@@ -327,10 +343,10 @@ def _reindex_progress(ray: Any, settings: Settings) -> None:
 
 
 def cmd_reindex(args: argparse.Namespace, settings: Settings) -> int:
-    ray = connect(settings)
+    remote = Remote(settings, timeout_s=REINDEX_TIMEOUT_S)
     if args.reembed:
-        _call(ray, settings, "recall", "clear", None, timeout=600)
-    _reindex_progress(ray, settings)
+        remote.recall.clear()
+    _reindex_progress(remote)
     return EXIT_OK
 
 
@@ -417,11 +433,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _error(message: str, code: int) -> int:
-    print(f"reverie: {message}", file=sys.stderr)
-    return code
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -431,25 +442,20 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, "needs_settings", True):
             settings = load_settings(args.config)
     except ConfigError as exc:
-        return _error(f"configuration error: {exc}", EXIT_BAD_INPUT)
+        print(f"reverie: configuration error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if settings is not None and args.command != "run":
-        prepare_client_auth(settings)  # Ray reads its auth settings when first imported
-    from actors.common import BadRequest
-
+        # Ray reads its auth settings when first imported: nothing above imports it
+        prepare_client_auth(settings)
     try:
         return int(func(args, settings))
-    except NoRuntime as exc:
-        return _error(str(exc), EXIT_NO_RUNTIME)
-    except ValidationError as exc:
-        from actors.common import bad_request
-
-        return _error(f"error: {bad_request(exc)}", EXIT_BAD_INPUT)
-    except (BadRequest, ValueError, FileExistsError) as exc:
-        return _error(f"error: {exc}", EXIT_BAD_INPUT)
-    except RuntimeFailure as exc:
-        return _error(f"runtime error: {exc}", EXIT_RUNTIME_ERROR)
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:
+        log.debug("command failed", exc_info=True)
+        code, line = _exit_code(exc)
+        print(f"reverie: {line}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

@@ -193,6 +193,14 @@ class RecallClient(ActorClient):
     def save(self, timeout: float | None = None) -> Ack:
         return self.call("save", reply=Ack, retry=True, timeout=timeout)
 
+    def pending(self) -> int:
+        """Memory items still waiting for a vector."""
+        return self.call("pending", None, reply=int, retry=True)
+
+    def clear(self) -> Ack:
+        """Drop every vector; syncs re-embed everything."""
+        return self.call("clear", None, reply=Ack, retry=True)
+
     def before_forget(self, kind: Kind, item_id: int) -> None:
         """Take an item out of the index before its row is deleted (the delete
         takes the item's vector row with it, and with it the index label)."""
