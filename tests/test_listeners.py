@@ -194,8 +194,10 @@ def embedded_runtime(tmp_path_factory: pytest.TempPathFactory,
         "REVERIE_EMBEDDER__CACHE_DIR": str(model_cache),
         "REVERIE_PERSONA__GLOBAL_DIR": str(root / "persona"),
     })
+    # umask 0: owner-only data must not depend on the user's umask
     proc = subprocess.Popen([*REVERIE, "run"], env={**env, "RAY_ADDRESS": ray_address},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: os.umask(0))
     lines: queue.Queue[str | None] = queue.Queue()
     started = Started(proc, env, data_dir, [], ray_address)
 
@@ -267,6 +269,10 @@ def test_client_commands_reach_the_loopback_runtime(embedded_runtime: Started) -
                     f"{err[-1500:]}")
     assert result.returncode == 0, result.stderr[-1500:]
     assert "transcript" in result.stdout
+    wrote = subprocess.run([*REVERIE, "remember", "The boiler service is due in March."],
+                           env=embedded_runtime.env, capture_output=True, text=True,
+                           timeout=CLIENT_TIMEOUT_S)
+    assert wrote.returncode == 0, wrote.stderr[-1500:]
 
 
 def test_sigterm_stops_it_cleanly(embedded_runtime: Started) -> None:
@@ -275,3 +281,18 @@ def test_sigterm_stops_it_cleanly(embedded_runtime: Started) -> None:
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 0, "".join(embedded_runtime.output)
     assert not (embedded_runtime.data_dir / "runtime.json").exists()
+
+
+def test_data_is_owner_only_whatever_the_umask(embedded_runtime: Started) -> None:
+    """After a write and a clean stop (which saves the vector index), every
+    directory of the data dir is 0700 and every file 0600, though the runtime
+    ran with umask 0."""
+    assert embedded_runtime.proc.poll() is not None, "runs after the stop test"
+    root = embedded_runtime.data_dir
+    paths = [root, *root.rglob("*")]
+    names = {p.name for p in paths}
+    assert {"reverie.db", "ray-auth-token"} <= names, sorted(names)
+    assert any(p.suffix == ".hnsw" for p in paths), sorted(names)  # the index was saved
+    loose = sorted(f"{p.relative_to(root)} {oct(p.stat().st_mode & 0o777)}" for p in paths
+                   if p.stat().st_mode & 0o777 != (0o700 if p.is_dir() else 0o600))
+    assert not loose, "not owner-only:\n  " + "\n  ".join(loose)
