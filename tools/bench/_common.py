@@ -308,7 +308,11 @@ def local_ray(settings: Settings, dashboard: bool | None = None,
     ``address="local"`` never joins another instance (another engineer's, or
     one recorded in /tmp/ray); ``_temp_dir`` is a fresh directory so that the
     session directory (logs, sockets) is ours alone and removed afterwards.
-    The dashboard port is left to Ray (8265, or the next free one)."""
+    The dashboard port is left to Ray (8265, or the next free one). It listens
+    on loopback only, as ``reverie run`` does (``actors.node.loopback_environment``)."""
+    from actors.node import loopback_environment
+
+    loopback_environment()
     import ray
 
     rt = settings.runtime
