@@ -13,6 +13,7 @@ from runtime.clock import Clock, SystemClock
 from runtime.config import Settings
 from runtime.fact_kinds import FactKinds
 from runtime.profiles import MemoryProfiles
+from runtime.refs import Ref, parse_ref
 from runtime.store import Store
 
 log = logging.getLogger(__name__)
@@ -62,9 +63,8 @@ def accept(cls: type[M], msg: object) -> M:
         raise bad_request(exc) from None
 
 
-def own_ref(ref: str, kind: str) -> int:
-    """The id in ``ref`` when it names a ``kind`` (``turn:12`` -> 12), else BadRequest."""
-    from runtime.refs import parse_ref
+def own_ref(ref: str, kind: str) -> Ref:
+    """``ref`` parsed, when it names a ``kind`` (``turn:12``), else BadRequest."""
 
     try:
         parsed = parse_ref(ref)
@@ -73,7 +73,7 @@ def own_ref(ref: str, kind: str) -> int:
     if parsed.kind != kind:
         owner = OWNERS.get(parsed.kind, "?")
         raise BadRequest(f"{ref} is not a {kind}; send it to the {owner} actor")
-    return int(parsed.id)
+    return parsed
 
 
 def unwrap(exc: BaseException) -> BaseException:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
 from typing import Any, ClassVar, Literal, TypeVar
 
 import ray
@@ -32,6 +31,8 @@ from actors.common import (
     SUPERVISOR,
     TRANSCRIPT,
     TURNS,
+    BadRequest,
+    own_ref,
     unwrap,
 )
 from actors.messages import (
@@ -59,6 +60,7 @@ from actors.messages import (
     TurnsAppended,
     UserTurn,
 )
+from runtime.refs import MemoryService, change
 
 log = logging.getLogger(__name__)
 
@@ -290,21 +292,26 @@ def owner(ref: str, namespace: str,
         raise ValueError(f"{ref!r} is not a memory ref (turn:, episode: or fact:)") from None
 
 
-def change_memory(recall: RecallClient, kind: Kind, item_id: int, change: str,
-                  set_disabled: Callable[[bool], object], forget: Callable[[], object]) -> None:
-    """An owner's side of :class:`ChangeMemory`, once it knows the item exists:
-    change the row through its service and keep Recall's index in step.
+def change_memory(recall: RecallClient, service: MemoryService, msg: ChangeMemory,
+                  kind: Kind) -> Ack:
+    """An owner's side of :class:`ChangeMemory`: change the item through the
+    service that owns it (:func:`runtime.refs.change`) and keep Recall's index
+    in step. A ref of another kind, or an id with no item, is a BadRequest.
 
     Forgetting drops the vector first (the row's delete takes its vector row,
     and so the index label, with it); if the forget then fails, the item is
     handed back to the indexer."""
-    if change == "delete":
-        recall.before_forget(kind, item_id)
+    ref = own_ref(msg.ref, kind)
+    if service.get(ref.id) is None:
+        raise BadRequest(f"no {kind} {ref.id}")
+    if msg.change == "delete":
+        recall.before_forget(kind, ref.id)
         try:
-            forget()
+            change(service, ref, msg.change, msg.writer)
         except BaseException:
-            recall.after_change(kind, item_id, "enable")
+            recall.after_change(kind, ref.id, "enable")
             raise
     else:
-        set_disabled(change == "disable")
-        recall.after_change(kind, item_id, change)
+        change(service, ref, msg.change, msg.writer)
+        recall.after_change(kind, ref.id, msg.change)
+    return Ack(detail=f"{kind} {ref.id} {msg.change}d")

@@ -7,13 +7,11 @@ import logging
 from pydantic import ValidationError
 
 from actors.common import (
-    BadRequest,
     Notifier,
     accept,
     bad_request,
     load_profiles,
     open_store,
-    own_ref,
     setup_logging,
 )
 from actors.handles import RecallClient, change_memory
@@ -57,14 +55,7 @@ class EpisodesActor:
 
     def change(self, msg: ChangeMemory) -> Ack:
         """Disable, enable or forget one episode; then bring the index in step."""
-        msg = accept(ChangeMemory, msg)
-        episode_id = own_ref(msg.ref, "episode")
-        if self.episodes.get(episode_id) is None:
-            raise BadRequest(f"no episode {episode_id}")
-        change_memory(self.recall, "episode", episode_id, msg.change,
-                      lambda off: self.episodes.set_disabled(episode_id, off, msg.writer),
-                      lambda: self.episodes.forget(episode_id, msg.writer))
-        return Ack(detail=f"episode {episode_id} {msg.change}d")
+        return change_memory(self.recall, self.episodes, accept(ChangeMemory, msg), "episode")
 
     def ping(self) -> str:
         return "ok"
@@ -92,15 +83,7 @@ class GraphActor:
 
     def change(self, msg: ChangeMemory) -> Ack:
         """Disable, enable or forget one fact; then bring the index in step."""
-        msg = accept(ChangeMemory, msg)
-        fact_id = own_ref(msg.ref, "fact")
-        if self.graph.get(fact_id) is None:
-            raise BadRequest(f"no fact {fact_id}")
-        change_memory(self.recall, "fact", fact_id, msg.change,
-                      lambda off: (self.graph.disable if off else self.graph.enable)(
-                          fact_id, msg.writer),
-                      lambda: self.graph.delete(fact_id, msg.writer))
-        return Ack(detail=f"fact {fact_id} {msg.change}d")
+        return change_memory(self.recall, self.graph, accept(ChangeMemory, msg), "fact")
 
     def ping(self) -> str:
         return "ok"

@@ -7,13 +7,11 @@ import logging
 from pydantic import ValidationError
 
 from actors.common import (
-    BadRequest,
     Notifier,
     accept,
     bad_request,
     load_profiles,
     open_store,
-    own_ref,
     setup_logging,
 )
 from actors.handles import RecallClient, change_memory
@@ -70,14 +68,7 @@ class TranscriptActor:
 
     def change(self, msg: ChangeMemory) -> Ack:
         """Disable, enable or forget one turn; then bring the index in step."""
-        msg = accept(ChangeMemory, msg)
-        turn_id = own_ref(msg.ref, "turn")
-        if self.transcript.get(turn_id) is None:
-            raise BadRequest(f"no turn {turn_id}")
-        change_memory(self.recall, "turn", turn_id, msg.change,
-                      lambda off: self.transcript.set_disabled(turn_id, off, msg.writer),
-                      lambda: self.transcript.forget(turn_id, msg.writer))
-        return Ack(detail=f"turn {turn_id} {msg.change}d")
+        return change_memory(self.recall, self.transcript, accept(ChangeMemory, msg), "turn")
 
     def counts(self) -> dict[str, int]:
         return self.store.counts()

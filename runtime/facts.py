@@ -169,15 +169,19 @@ class GraphService:
             "SELECT * FROM facts WHERE subject = ? AND key = ? ORDER BY valid_from, id",
             (subject, key))
 
+    def set_disabled(self, fact_id: int, disabled: bool, writer: str = WRITER) -> Row:
+        """Hide a fact from recall without deleting it, or bring it back
+        (reversible). It stays in resolution: a disabled current fact is still
+        the current fact."""
+        return self.store.update(writer, "facts", fact_id, {"disabled": int(disabled)})
+
     def disable(self, fact_id: int, writer: str = WRITER) -> Row:
-        """Hide a fact from recall without deleting it (reversible). It stays in
-        resolution: a disabled current fact is still the current fact."""
-        return self.store.update(writer, "facts", fact_id, {"disabled": 1})
+        return self.set_disabled(fact_id, True, writer)
 
     def enable(self, fact_id: int, writer: str = WRITER) -> Row:
-        return self.store.update(writer, "facts", fact_id, {"disabled": 0})
+        return self.set_disabled(fact_id, False, writer)
 
-    def delete(self, fact_id: int, writer: str = WRITER) -> Row | None:
+    def forget(self, fact_id: int, writer: str = WRITER) -> Row | None:
         """Remove a fact for good (explicit user delete): the row goes, and the
         write log keeps only that it existed (:meth:`Store.forget`). Facts it
         superseded keep their closed windows; none is reopened, since deleting a
@@ -187,3 +191,5 @@ class GraphService:
                     "SELECT id FROM facts WHERE superseded_by = ?", (fact_id,)):
                 self.store.update(writer, "facts", row["id"], {"superseded_by": None})
             return self.store.forget(writer, "facts", fact_id)
+
+    delete = forget

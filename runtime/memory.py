@@ -113,7 +113,7 @@ class Memory:
         if action != "enable":  # out of the index first: the delete takes the row
             self.indexer.drop(ref.kind, ref.id)
         try:
-            change(self.services, ref, action, writer)
+            change(self.services.owner(ref.kind), ref, action, writer)
         except BaseException:
             self.indexer.recheck(ref.kind, ref.id)  # unchanged: the next sync re-embeds it
             raise

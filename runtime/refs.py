@@ -1,19 +1,19 @@
 """References to memory items (``turn:12``, ``episode:3``, ``fact:7``) and what a
 user may do to them: find them by their words, disable, enable or delete them.
 
-The policy lives in the services: a turn or an episode is forgotten through
-:meth:`TranscriptService.forget` / :meth:`EpisodeService.forget`, a fact through
-:meth:`GraphService.delete`; all of them scrub the write log. :func:`change`
-only dispatches. Disabling is reversible and keeps the content; the caller also
-drops a disabled item's vector from its index (and hands an enabled one back to
-the indexer), since the index lives with the caller.
+The policy lives in the services: the transcript, episode and graph services
+each offer ``get``, ``set_disabled`` and ``forget`` (:class:`MemoryService`);
+every ``forget`` scrubs the write log. :func:`change` only dispatches.
+Disabling is reversible and keeps the content; the caller also drops a
+disabled item's vector from its index (and hands an enabled one back to the
+indexer), since the index lives with the caller.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal, Protocol, get_args
 
 from runtime.episodes import EpisodeService
 from runtime.facts import GraphService
@@ -105,6 +105,16 @@ def find_matching(store: Store, text: str, limit: int = 20) -> list[Match]:
     return [m for _, m in scored[:limit]]
 
 
+class MemoryService(Protocol):
+    """What a service that owns one kind of memory item offers a user."""
+
+    def get(self, item_id: int) -> Row | None: ...
+
+    def set_disabled(self, item_id: int, disabled: bool, writer: str = ...) -> Row: ...
+
+    def forget(self, item_id: int, writer: str = ...) -> Row | None: ...
+
+
 @dataclass(frozen=True)
 class Services:
     """The services that own each kind of memory item."""
@@ -113,36 +123,28 @@ class Services:
     episodes: EpisodeService
     graph: GraphService
 
+    def owner(self, kind: Kind) -> MemoryService:
+        if kind == "turn":
+            return self.transcript
+        if kind == "episode":
+            return self.episodes
+        return self.graph
+
     def get(self, ref: Ref) -> Row | None:
-        if ref.kind == "turn":
-            return self.transcript.get(ref.id)
-        if ref.kind == "episode":
-            return self.episodes.get(ref.id)
-        return self.graph.get(ref.id)
+        return self.owner(ref.kind).get(ref.id)
 
 
-def change(services: Services, ref: Ref, action: Action, writer: str) -> None:
-    """Disable, enable or delete (forget for good) the item ``ref`` names.
+def change(service: MemoryService, ref: Ref, action: Action, writer: str) -> None:
+    """Disable, enable or delete (forget for good) the item ``ref`` names, through
+    the service that owns its kind.
 
     Raises :class:`NoSuchItem` when there is none, ValueError for an unknown action."""
     if action not in ACTIONS:
         raise ValueError(f"unknown action {action!r}: expected one of {', '.join(ACTIONS)}")
-    if services.get(ref) is None:
+    if service.get(ref.id) is None:
         raise NoSuchItem(f"no {ref.kind} {ref.id}")
-    if ref.kind == "turn":
-        if action == "delete":
-            services.transcript.forget(ref.id, writer)
-        else:
-            services.transcript.set_disabled(ref.id, action == "disable", writer)
-    elif ref.kind == "episode":
-        if action == "delete":
-            services.episodes.forget(ref.id, writer)
-        else:
-            services.episodes.set_disabled(ref.id, action == "disable", writer)
-    elif action == "delete":
-        services.graph.delete(ref.id, writer)
-    elif action == "disable":
-        services.graph.disable(ref.id, writer)
+    if action == "delete":
+        service.forget(ref.id, writer)
     else:
-        services.graph.enable(ref.id, writer)
+        service.set_disabled(ref.id, action == "disable", writer)
     log.info("memory item changed", extra={"ref": str(ref), "action": action})

@@ -93,12 +93,12 @@ def test_forget_leaves_no_content_anywhere(services: Services, kind: str) -> Non
     # forget the other kinds' secrets first (they are not under test here)
     for other, ref in refs.items():
         if other != kind:
-            change(services, ref, "delete", "user")
+            change(services.owner(ref.kind), ref, "delete", "user")
     ref = refs[kind]
     put_vector(store, ref)
     assert secret_anywhere(store) and fts_knows(store, FTS[kind])
 
-    change(services, ref, "delete", "user")
+    change(services.owner(ref.kind), ref, "delete", "user")
 
     assert services.get(ref) is None
     assert secret_anywhere(store) == []  # rows, write log (before/after), vectors
@@ -125,7 +125,7 @@ def test_forgotten_text_is_not_left_in_the_file(services: Services, kind: str) -
     for ref in refs.values():
         put_vector(store, ref)
     for ref in refs.values():
-        change(services, ref, "delete", "user")
+        change(services.owner(ref.kind), ref, "delete", "user")
     store.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # a test may; the runtime never does
     assert SECRET.encode() not in store.path.read_bytes()
 
@@ -155,9 +155,9 @@ def test_plain_delete_still_keeps_the_before(services: Services) -> None:
 def test_disable_and_enable_are_reversible_and_logged(services: Services) -> None:
     refs = fill(services)
     for kind, ref in refs.items():
-        change(services, ref, "disable", "user")
+        change(services.owner(ref.kind), ref, "disable", "user")
         assert services.get(ref)["disabled"] == 1, kind  # type: ignore[index]
-        change(services, ref, "enable", "user")
+        change(services.owner(ref.kind), ref, "enable", "user")
         row = services.get(ref)
         assert row is not None and row["disabled"] == 0 and SECRET in str(row), kind
     store = services.transcript.store
@@ -167,9 +167,9 @@ def test_disable_and_enable_are_reversible_and_logged(services: Services) -> Non
 def test_change_refuses_what_does_not_exist(services: Services) -> None:
     for ref in (Ref("turn", 99), Ref("episode", 99), Ref("fact", 99)):
         with pytest.raises(NoSuchItem, match=f"no {ref.kind} 99"):
-            change(services, ref, "delete", "user")
+            change(services.owner(ref.kind), ref, "delete", "user")
     with pytest.raises(ValueError, match="unknown action"):
-        change(services, Ref("turn", 1), "explode", "user")  # type: ignore[arg-type]
+        change(services.transcript, Ref("turn", 1), "explode", "user")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("kind", ["turn", "episode"])
