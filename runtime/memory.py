@@ -124,6 +124,10 @@ class Memory:
     def find_matching(self, text: str, limit: int = 20) -> list[Match]:
         return find_matching(self.store, text, limit)
 
+    def compact(self, channel: str, summary: str, watermark: int,
+                writer: str = "transcript") -> int:
+        return self.transcript.compact(channel, summary, watermark, writer)
+
     # -- reads ------------------------------------------------------------
 
     def recall(self, query: str, now: float | None = None, max_items: int | None = None,

@@ -399,6 +399,32 @@ MIGRATIONS: list[tuple[str, str]] = [
         FROM (SELECT 'transcript' AS name UNION ALL SELECT 'episodes' UNION ALL SELECT 'facts') t;
         """,
     ),
+    (
+        "0008_job_runs_and_state",
+        """
+        -- One row per run of a background job: when, how it ended, how much it did.
+        CREATE TABLE job_runs (
+            id         INTEGER PRIMARY KEY AUTOINCREMENT,
+            job        TEXT NOT NULL,
+            started_at REAL NOT NULL,
+            ended_at   REAL,
+            outcome    TEXT CHECK (outcome IN ('ok', 'failed')),  -- NULL while running
+            items      INTEGER NOT NULL DEFAULT 0,
+            error      TEXT  -- the exception's type and a short message; never memory content
+        );
+        CREATE INDEX job_runs_job ON job_runs (job, started_at);
+
+        -- Each job's own bookkeeping (how far it got, what it already did): a job
+        -- owns its keys and keeps them small; it is not memory.
+        CREATE TABLE job_state (
+            job        TEXT NOT NULL,
+            key        TEXT NOT NULL,
+            value      TEXT NOT NULL,
+            updated_at REAL NOT NULL,
+            PRIMARY KEY (job, key)
+        ) WITHOUT ROWID;
+        """,
+    ),
 ]
 
 

@@ -1,0 +1,66 @@
+"""What a background cognition job is given, and what it answers.
+
+A job is a plain function ``JobFn = Callable[[JobContext], JobResult]`` in
+``runtime/``, testable without Ray. It reads memory straight from the store
+(its own connection) and writes only through ``ctx.writer``: in the actor
+runtime the writer forwards to the actors that own each table (Episodes,
+Graph, Transcript), in-process it is :class:`runtime.memory.Memory`. A job is
+idempotent and resumable: it commits batch by batch, stops when
+``ctx.out_of_time()`` says so, and picks up where it left off on the next run.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from runtime.clock import Clock
+from runtime.config import Settings
+from runtime.episodes import EpisodeIn
+from runtime.facts import FactIn, Resolution
+from runtime.llm import FallbackChain
+from runtime.store import Store
+
+
+class MemoryWriter(Protocol):
+    """The writes a job may make; each goes to the owner of its table."""
+
+    def add_episode(self, episode: EpisodeIn, writer: str) -> int:
+        """Store an episode (its citations; the children it rolls up are tombstoned)."""
+        ...
+
+    def add_fact(self, fact: FactIn, writer: str) -> tuple[int, Resolution]:
+        """Write a fact through contradiction resolution; return the id now
+        current and what happened (inserted, reinforced, superseded, kept)."""
+        ...
+
+    def compact(self, channel: str, summary: str, watermark: int, writer: str) -> int:
+        """Record a continuity summary of ``channel`` up to transcript row ``watermark``."""
+        ...
+
+
+@dataclass
+class JobContext:
+    store: Store  # reads only; writes go through ``writer``
+    writer: MemoryWriter
+    llm: FallbackChain  # configured providers, then the offline one
+    clock: Clock  # the household's injected clock: every timestamp comes from it
+    settings: Settings
+    budget_s: float = 600.0  # wall-clock time budget of one run
+    started: float = field(default_factory=time.monotonic)
+
+    def out_of_time(self) -> bool:
+        """Whether the run has used its time budget (stop after the current batch)."""
+        return time.monotonic() - self.started >= self.budget_s
+
+
+@dataclass(frozen=True)
+class JobResult:
+    items: int  # what the run did: episodes written, facts extracted, rows deleted...
+    detail: str = ""  # one line for `reverie jobs`; never memory content
+    more: bool = False  # stopped on its budget with work left: run again soon
+
+
+JobFn = Callable[[JobContext], JobResult]
