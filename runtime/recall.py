@@ -61,6 +61,9 @@ LEXICAL_WEIGHT = 0.5
 LEXICAL_OVERFETCH = 3
 # Added to a turn's relevance when the query names its speaker.
 SPEAKER_BONUS = 0.1
+# Turns an episode or a fact contributes, best first, before the next items'
+# (RecallResult.cited_turns); the rest follow after every item's first ones.
+TURNS_PER_ITEM_FIRST = 3
 # Raw turns age on the leaf time constant.
 TURN_TAU_DAYS = 14.0
 
@@ -100,11 +103,22 @@ class RecallResult:
     def refs(self) -> list[str]:
         return [i.ref for i in self.items]
 
-    def cited_turns(self) -> list[int]:
-        """Transcript rows cited by the items, in rank order, without repeats."""
+    def cited_turns(self, first_pass: int | None = None) -> list[int]:
+        """Transcript rows cited by the items, without repeats.
+
+        An item's turns come best first (an episode's or a fact's cited turns
+        are ordered by their own relevance to the query). In a first pass each
+        item, in rank order, gives at most ``first_pass`` turns (default
+        :data:`TURNS_PER_ITEM_FIRST`); the rest follow in a second pass, so
+        one broad episode citing dozens of turns cannot push every other
+        memory's evidence out of the first ten."""
+        cap = TURNS_PER_ITEM_FIRST if first_pass is None else first_pass
         seen: dict[int, None] = {}
         for item in self.items:
-            for t in item.turns:
+            for t in item.turns[:cap]:
+                seen.setdefault(t, None)
+        for item in self.items:
+            for t in item.turns[cap:]:
                 seen.setdefault(t, None)
         return list(seen)
 
@@ -334,7 +348,22 @@ class Recaller:
                 cand.relevance += SPEAKER_BONUS
             kept[key] = cand
         self._neighbour_cosines(kept, qvec)
+        self._order_cited_turns(kept, qvec)
         return list(kept.values())
+
+    def _order_cited_turns(self, cands: dict[Key, _Candidate], qvec: np.ndarray) -> None:
+        """Order each episode's and fact's cited turns by their own similarity to
+        the query, best first; turns with no vector (pruned, or never memory)
+        keep their order after the others."""
+        wanted = sorted({t for c in cands.values() if c.kind != "turn" and len(c.turns) > 1
+                         for t in c.turns})
+        if not wanted:
+            return
+        sims = {key[1]: float(v @ qvec)
+                for key, v in self._vectors([("turn", t) for t in wanted]).items()}
+        for cand in cands.values():
+            if cand.kind != "turn" and len(cand.turns) > 1:
+                cand.turns = tuple(sorted(cand.turns, key=lambda t: -sims.get(t, -2.0)))
 
     def _fallback(self, query: str, now: float) -> list[_Candidate]:
         lexical = self._lexical(query)

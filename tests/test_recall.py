@@ -618,3 +618,44 @@ def test_recaller_without_a_zone_uses_the_systems(memory: Memory, clock: ManualC
     result = recaller.recall("Where does Ana live?")
     assert result.items[0].ref == f"turn:{said}"
     assert result.items[0].text == "[2026-03-07] user: My sister Ana lives in Porto."
+
+
+BROAD_DAY = [
+    "We drove to the coast early in the morning.",
+    "The ferry to the island was delayed by an hour.",
+    "Lunch was grilled sardines at a small harbour cafe.",
+    "Our daughter found a starfish in a rock pool.",
+    "The lighthouse tour was cancelled because of the wind.",
+    "We bought a kite shaped like a dragon at the market.",
+    "Driving home we got stuck behind a tractor.",
+    "Everyone fell asleep in the car before eight.",
+]
+
+
+def test_an_episodes_turns_come_best_first(memory: Memory, clock: ManualClock) -> None:
+    ids = memory.add_turns([TurnIn(channel="chat", source="user", speaker="Ana", content=t)
+                            for t in BROAD_DAY])
+    clock.advance(60)
+    episode = memory.add_episode(EpisodeIn(
+        channel="chat", source="user", cites=ids,
+        gist="A family day trip to the coast: ferry, harbour lunch, rock pools, a "
+             "lighthouse, a dragon kite from the market, the drive home."))
+    result = memory.recall("Where did we buy the dragon kite?")
+    item = next(i for i in result.items if i.ref == f"episode:{episode}")
+    assert item.turns[0] == ids[5], [BROAD_DAY[ids.index(t)] for t in item.turns]
+    assert sorted(item.turns) == sorted(ids)  # reordered, nothing lost
+
+
+def test_one_broad_item_cannot_fill_the_first_turns() -> None:
+    from runtime.recall import TURNS_PER_ITEM_FIRST, RecallItem
+
+    def item(ref: str, turns: tuple[int, ...]) -> RecallItem:
+        return RecallItem(ref=ref, kind=ref.split(":")[0], item_id=1, text="", score=1.0,
+                          relevance=1.0, channel="c", created_at=0.0, turns=turns, tokens=1)
+
+    broad = item("episode:1", tuple(range(100, 120)))
+    precise = item("turn:7", (7,))
+    result = RecallResult(query="q", items=[broad, precise])
+    cited = result.cited_turns()
+    assert cited.index(7) == TURNS_PER_ITEM_FIRST  # right after the broad item's best
+    assert sorted(cited) == sorted([*range(100, 120), 7])  # the rest still follow
