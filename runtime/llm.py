@@ -374,6 +374,29 @@ class OfflineProvider:
 # --------------------------------------------------------------------------- chain
 
 
+def format_notice(failures: int, causes: list[str], answered_offline: bool) -> str:
+    """The line shown to the user after ``failures`` consecutive failures."""
+    tail = "answering from memory only" if answered_offline else "no answers available"
+    return (f"memory: language model failing ({failures} consecutive failures: "
+            f"{', '.join(causes)}); {tail}")
+
+
+def _cause(error: LLMError) -> str:
+    return f"{error.provider} {error.kind}" + (f" {error.status}" if error.status else "")
+
+
+class ChainHealth(Protocol):
+    """Where a chain keeps its failure count beyond its own memory, so that the
+    notice survives a restart and every process sees it
+    (:class:`runtime.llm_queue.LLMHealth`)."""
+
+    def record_failure(self, causes: list[str], answered_offline: bool) -> int: ...
+
+    def record_success(self) -> bool: ...
+
+    def notice(self) -> str | None: ...
+
+
 class FallbackChain:
     """Tries each provider in order and returns the first completion.
 
@@ -387,9 +410,14 @@ class FallbackChain:
     resets when a real provider answers; from two on, :attr:`notice` is a short
     line to show the user. A chain holding only the offline provider has
     nothing to fail and never shows a notice.
+
+    With a ``health`` store, every failure and success is also recorded there
+    and :attr:`notice` reads it: the count is shared with other processes and
+    survives a restart.
     """
 
-    def __init__(self, providers: list[LLMProvider]) -> None:
+    def __init__(self, providers: list[LLMProvider],
+                 health: ChainHealth | None = None) -> None:
         if not providers:
             raise ValueError("FallbackChain needs at least one provider")
         self.providers = list(providers)
@@ -399,23 +427,27 @@ class FallbackChain:
         self.last_errors: list[LLMError] = []
         self._answered_offline = False
         self._lock = threading.Lock()
+        self.health = health
 
     def __repr__(self) -> str:
         return f"FallbackChain({self.providers!r})"
 
     @property
+    def real_providers(self) -> bool:
+        """Whether any provider is a real language model (not last-resort)."""
+        return any(not getattr(p, "last_resort", False) for p in self.providers)
+
+    @property
     def notice(self) -> str | None:
+        if self.health is not None:
+            return self.health.notice()
         with self._lock:
             failures = self.consecutive_failures
             errors = list(self.last_errors)
             offline = self._answered_offline
         if failures < NOTICE_AFTER_FAILURES:
             return None
-        causes = ", ".join(f"{e.provider} {e.kind}" + (f" {e.status}" if e.status else "")
-                           for e in errors)
-        tail = "answering from memory only" if offline else "no answers available"
-        return (f"memory: language model failing ({failures} consecutive failures: "
-                f"{causes}); {tail}")
+        return format_notice(failures, [_cause(e) for e in errors], offline)
 
     def complete(self, request: LLMRequest) -> Completion:
         errors: list[LLMError] = []
@@ -441,6 +473,11 @@ class FallbackChain:
             self.consecutive_failures = 0
             self.last_errors = []
             self._answered_offline = False
+        if self.health is not None:
+            try:
+                recovered = self.health.record_success() or recovered
+            except OSError as exc:  # the notice must never cost an answer
+                log.warning("llm: could not record the recovery: %s", type(exc).__name__)
         if recovered:
             log.warning("llm: language model answering again")
 
@@ -450,6 +487,12 @@ class FallbackChain:
             self.last_errors = list(errors)
             self._answered_offline = answered_offline
             failures = self.consecutive_failures
+        if self.health is not None:
+            try:
+                failures = self.health.record_failure([_cause(e) for e in errors],
+                                                      answered_offline)
+            except OSError as exc:
+                log.warning("llm: could not record the failure: %s", type(exc).__name__)
         if failures == NOTICE_AFTER_FAILURES:
             log.error("llm: %d consecutive failures of every language model (%s)", failures,
                       ", ".join(f"{e.provider} {e.kind}" for e in errors))
@@ -458,11 +501,12 @@ class FallbackChain:
 # --------------------------------------------------------------------------- factory
 
 
-def make_llm(settings: LLMSettings) -> FallbackChain:
+def make_llm(settings: LLMSettings, health: ChainHealth | None = None) -> FallbackChain:
     """The configured providers in order, then the offline provider when
     ``offline_fallback`` is on; with no provider configured, the offline
     provider alone. Always a :class:`FallbackChain`, so callers can read its
-    :attr:`~FallbackChain.notice`."""
+    :attr:`~FallbackChain.notice`. ``health`` makes the notice durable
+    (:class:`runtime.llm_queue.LLMHealth`)."""
     providers: list[LLMProvider] = [
         OpenAICompatibleProvider(p, settings.max_tokens, settings.temperature)
         for p in settings.providers
@@ -478,4 +522,4 @@ def make_llm(settings: LLMSettings) -> FallbackChain:
     if duplicates:
         raise ConfigError(f"llm.providers: duplicate provider name(s): {', '.join(duplicates)}")
     log.info("llm providers: %s", ", ".join(names))
-    return FallbackChain(providers)
+    return FallbackChain(providers, health)

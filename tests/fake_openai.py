@@ -26,6 +26,10 @@ Use it from any test module (``tests/`` is on ``sys.path`` under pytest)::
         ...
 
 or as a context manager: ``with FakeOpenAI() as server: server.base_url``.
+
+To script what the model says, append to :attr:`FakeOpenAI.replies`: in
+``Mode.OK`` each request takes the next one (oldest first) as its content, and
+answers the echo once they are used up.
 """
 
 from __future__ import annotations
@@ -142,7 +146,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif mode is Mode.NULL_CONTENT:
             self._reply(200, json.dumps(_completion(body, None)).encode())
         else:
-            self._reply(200, json.dumps(_completion(body, _echo(body))).encode())
+            content = fake._next_reply()
+            self._reply(200, json.dumps(_completion(
+                body, _echo(body) if content is None else content)).encode())
 
 
 def _echo(body: Any) -> str:
@@ -175,6 +181,7 @@ class FakeOpenAI:
         self.mode = mode
         self.slow_s = slow_s
         self._requests: list[RecordedRequest] = []
+        self.replies: list[str] = []  # scripted contents, taken oldest first in Mode.OK
         self._gates: dict[str, _Gate] = {}
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
@@ -268,6 +275,10 @@ class FakeOpenAI:
         with self._lock:
             assert self._requests, "no request received"
             return self._requests[-1]
+
+    def _next_reply(self) -> str | None:
+        with self._lock:
+            return self.replies.pop(0) if self.replies else None
 
     def _record(self, request: RecordedRequest) -> None:
         with self._lock:

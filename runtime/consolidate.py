@@ -1,0 +1,30 @@
+"""The ``consolidate`` job: distil transcript windows into leaf episodes
+(:mod:`runtime.distil`), then roll episodes up into topics and eras
+(:mod:`runtime.rollup`).
+
+Both parts commit batch by batch and resume where they stopped; the roll-up
+runs only when distillation finished within the time budget.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from runtime.distil import distil
+from runtime.job_context import JobContext, JobResult
+
+log = logging.getLogger(__name__)
+
+NAME = "consolidate"
+
+
+def run(ctx: JobContext) -> JobResult:
+    from runtime.rollup import roll_up  # UMAP and HDBSCAN load only when the job runs
+
+    first = distil(ctx)
+    if first.more or ctx.out_of_time():
+        return first
+    second = roll_up(ctx)
+    return JobResult(items=first.items + second.items,
+                     detail="; ".join(d for d in (first.detail, second.detail) if d),
+                     more=second.more)
