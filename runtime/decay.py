@@ -103,3 +103,14 @@ def fact_weight(
 def recency_weight(created_at: float, now: float, tau_days: float = 30.0) -> float:
     """Recency of a raw transcript row, for ranking only."""
     return math.exp(-_age_days(created_at, now) / tau_days)
+
+
+# -- the janitor's retention rules (``runtime/janitor.py``) --------------------
+
+WRITE_LOG_RETENTION_DAYS = 90.0
+
+
+def write_log_expired(deleted_at: float, now: float) -> bool:
+    """The write-log history of a pruned transcript row or a purged tombstone is
+    dropped this long after the delete. Facts' history is never dropped."""
+    return _age_days(deleted_at, now) >= WRITE_LOG_RETENTION_DAYS

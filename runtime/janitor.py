@@ -1,0 +1,125 @@
+"""The ``decay`` job: the janitor. Deletes what the decay rules say is gone.
+
+- **Tombstones**: episodes tombstoned 30 days ago or more are hard-deleted
+  (:meth:`runtime.episodes.EpisodeService.purge_tombstones`); their citations
+  go with them (schema cascade), the episodes they rolled up lose their parent.
+- **Transcript**: on each channel with a compaction watermark, raw rows at or
+  below it that no live (untombstoned) episode cites are deleted
+  (:meth:`runtime.transcript.TranscriptService.prune`); their tool-call rows go
+  with them (schema cascade). Compaction summaries persist. No age cutoff.
+- **Facts** decay by kind, but nothing is deleted: their weight is computed at
+  recall (:func:`runtime.decay.fact_weight` with the kind's policy from
+  ``configs/fact_kinds.toml``), and that file defines no floor below which a
+  fact would be retired ("history is kept"), so the janitor leaves facts alone.
+- **Write log**: the history of a row this job pruned or purged (its insert,
+  updates, delete, and the rows that went with it by cascade: an episode's
+  citations, a turn's tool calls) is dropped once the delete is
+  :data:`runtime.decay.WRITE_LOG_RETENTION_DAYS` old. The history of facts and
+  compactions is kept, and so is the content-free trace of a row the user
+  forgot (:meth:`runtime.store.Store.forget` promises it).
+
+Where the deletes go. The job contract (:class:`runtime.job_context.MemoryWriter`)
+has no delete, so the janitor calls the services on ``ctx.store`` itself, as
+writer ``janitor``. In the actor runtime this job should therefore run inside
+the owners of those tables (Episodes, Transcript), or the writer protocol
+should grow ``purge_tombstones``/``prune`` methods. A stale vector left in an
+in-memory index by these deletes is harmless: recall joins every hit against
+the database.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from runtime.clock import DAY
+from runtime.decay import WRITE_LOG_RETENTION_DAYS, write_log_expired
+from runtime.episodes import EpisodeService
+from runtime.job_context import JobContext, JobResult
+from runtime.profiles import MemoryProfiles
+from runtime.store import Store
+from runtime.transcript import TranscriptService
+
+log = logging.getLogger(__name__)
+
+JOB = "decay"
+WRITER = "janitor"
+_CHUNK = 500
+
+# Pruned tables, and the tables whose rows went with theirs by cascade:
+# (child table, JSON path in the child's log row that names the parent, or
+# None when the child's log row_id is the parent id).
+_CASCADES: dict[str, tuple[tuple[str, str | None], ...]] = {
+    "transcript": (("tool_calls", "$.transcript_id"),),
+    "episodes": (("episode_citations", None),),
+}
+
+
+def run(ctx: JobContext) -> JobResult:
+    """Purge expired tombstones, prune the transcript, expire the write log."""
+    profiles = MemoryProfiles.load(ctx.settings.memory.profiles_file)
+    purged = EpisodeService(ctx.store, profiles).purge_tombstones(WRITER)
+    pruned = 0
+    transcript = TranscriptService(ctx.store, profiles)
+    channels = [r[0] for r in ctx.store.conn.execute(
+        "SELECT DISTINCT channel FROM compactions ORDER BY channel")]
+    for channel in channels:
+        if ctx.out_of_time():
+            return JobResult(purged + pruned, _detail(purged, pruned, None), more=True)
+        pruned += transcript.prune(channel, WRITER)
+    dropped = expire_write_log(ctx.store, ctx.clock.now())
+    return JobResult(purged + pruned, _detail(purged, pruned, dropped))
+
+
+def _detail(purged: int, pruned: int, dropped: int | None) -> str:
+    tail = "" if dropped is None else f", {dropped} write-log rows expired"
+    return f"{purged} tombstones purged, {pruned} transcript rows pruned{tail}"
+
+
+def expire_write_log(store: Store, now: float) -> int:
+    """Drop the write-log history of transcript rows and episodes deleted (not
+    forgotten) at least the retention period ago; return how many log rows went."""
+    cutoff = now - WRITE_LOG_RETENTION_DAYS * DAY
+    dropped = 0
+    for table, cascades in _CASCADES.items():
+        deleted = [
+            int(r["row_id"]) for r in store.rows(
+                "SELECT row_id, at FROM write_log WHERE op = 'delete' AND table_name = ?"
+                " AND at <= ? AND (before IS NULL OR json_extract(before, '$.forgotten')"
+                " IS NULL) ORDER BY id", (table, cutoff))
+            if write_log_expired(r["at"], now)]
+        for start in range(0, len(deleted), _CHUNK):
+            dropped += _drop(store, table, cascades, deleted[start:start + _CHUNK])
+    if dropped:
+        log.info("write log: %d rows of pruned memory expired", dropped)
+    return dropped
+
+
+def _drop(store: Store, table: str, cascades: tuple[tuple[str, str | None], ...],
+          ids: Sequence[int]) -> int:
+    with store.write_transaction():
+        marks = ", ".join("?" for _ in ids)
+        # Ids are never reused, but be sure the row is really gone.
+        live = {r[0] for r in store.conn.execute(
+            f"SELECT id FROM {table} WHERE id IN ({marks})", list(ids))}
+        gone = [i for i in ids if i not in live]
+        if not gone:
+            return 0
+        marks = ", ".join("?" for _ in gone)
+        total = 0
+        store.conn.execute(
+            f"DELETE FROM write_log WHERE table_name = ? AND row_id IN ({marks})",
+            [table, *gone])
+        total += store.conn.changes()
+        for child, path in cascades:
+            if path is None:
+                store.conn.execute(
+                    f"DELETE FROM write_log WHERE table_name = ? AND row_id IN ({marks})",
+                    [child, *gone])
+            else:
+                store.conn.execute(
+                    f"DELETE FROM write_log WHERE table_name = ?"
+                    f" AND json_extract(coalesce(after, before), '{path}') IN ({marks})",
+                    [child, *gone])
+            total += store.conn.changes()
+        return total
