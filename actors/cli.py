@@ -52,6 +52,7 @@ class Remote:
         self.recall = handles.RecallClient(ns, timeout_s)
         self.graph = handles.GraphClient(ns, timeout_s)
         self.supervisor = handles.SupervisorClient(ns, timeout_s)
+        self.cron = handles.CronClient(ns, timeout_s)
         self.timeout_s = timeout_s
 
     def owner(self, ref: str) -> Any:
@@ -262,6 +263,8 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
             print(f"  {name:<11} {state}")
         for name, count in status.counts.items():
             print(f"  {name:<11} {count}")
+        if status.notice:
+            print(f"notice: {status.notice}")
     return EXIT_OK if all(s == "ok" for s in status.actors.values()) else EXIT_NO_RUNTIME
 
 
@@ -350,6 +353,78 @@ def cmd_reindex(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+# -- the subconscious: jobs, presence, reminders ------------------------------
+
+def _local(stamp: float | None, settings: Settings, none: str = "-") -> str:
+    from datetime import datetime
+
+    from runtime.clock import household_zone
+
+    if stamp is None:
+        return none
+    return datetime.fromtimestamp(stamp, tz=household_zone(settings.household.timezone)
+                                  ).strftime("%Y-%m-%d %H:%M")
+
+
+def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
+    """The jobs: last run, last outcome, next eligible time; and the idle gate."""
+    from actors.messages import JobsStatus
+
+    report = Remote(settings).cron.status(JobsStatus())
+    if args.json:
+        print(json.dumps({"jobs": [j.model_dump() for j in report.jobs],
+                          "idle": report.idle.model_dump()}))
+        return EXIT_OK
+    rows = [(j.name, j.last_outcome or "-", _local(j.last_run_at, settings),
+             _local(j.next_eligible_at, settings, "now")) for j in report.jobs]
+    head = ("job", "last outcome", "last run", "next eligible")
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(4)]
+    for row in [head, *rows]:
+        print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
+    idle = report.idle
+    if idle.idle:
+        since = _local(idle.idle_since, settings, "ever")
+        print(f"idle since {since} ({idle.reason})")
+    else:
+        print(f"active; jobs may run from {_local(idle.eligible_at, settings)}")
+    return EXIT_OK
+
+
+def cmd_jobs_run(args: argparse.Namespace, settings: Settings) -> int:
+    """Fire one job now, past the idle gate; with --wait, exit 0 only if it ended ok."""
+    from actors.messages import RunJob
+
+    limit = settings.jobs.budget_s * 3 + CALL_TIMEOUT_S
+    run = Remote(settings).cron.run(RunJob(name=args.name, wait=args.wait), timeout=limit)
+    if not args.wait:
+        print(f"{run.name}: started")
+        return EXIT_OK
+    if run.outcome == "ok":
+        detail = f" ({run.detail})" if run.detail else ""
+        print(f"{run.name}: ok, {run.items} items{detail}")
+        return EXIT_OK
+    print(f"reverie: job {run.name} {run.outcome or 'did not end'}: {run.error or ''}".rstrip(),
+          file=sys.stderr)
+    return EXIT_RUNTIME_ERROR
+
+
+def cmd_presence(args: argparse.Namespace, settings: Settings) -> int:
+    from actors.messages import Presence
+
+    ack = Remote(settings).cron.presence(Presence(person=args.person, state=args.state))
+    print(ack.detail)
+    return EXIT_OK
+
+
+def cmd_remind(args: argparse.Namespace, settings: Settings) -> int:
+    from actors.messages import Remind
+
+    made = Remote(settings).cron.remind(Remind(text=args.text, when=args.at,
+                                               channel=args.channel))
+    print(f"reminder {made.id} on {made.channel} at {made.due_local}")
+    return EXIT_OK
+
+
 # -- entry point ------------------------------------------------------------
 
 def parser() -> argparse.ArgumentParser:
@@ -430,6 +505,30 @@ def parser() -> argparse.ArgumentParser:
     reindex = sub.add_parser("reindex", help="catch the vector index up (or --reembed all)")
     reindex.add_argument("--reembed", action="store_true")
     reindex.set_defaults(func=cmd_reindex)
+
+    jobs = sub.add_parser("jobs", help="the background jobs: last run, outcome, next time")
+    jobs.add_argument("--json", action="store_true")
+    jobs.set_defaults(func=cmd_jobs)
+    jobs_sub = jobs.add_subparsers(dest="jobs_command")
+    jobs_run = jobs_sub.add_parser("run", help="fire one job now, past the idle gate")
+    jobs_run.add_argument("name")
+    jobs_run.add_argument("--wait", action="store_true",
+                          help="wait for the run; exit 0 only if it ended ok")
+    jobs_run.set_defaults(func=cmd_jobs_run)
+
+    presence = sub.add_parser("presence", help="someone came home or left (everyone "
+                              "away counts as idle)")
+    presence.add_argument("state", choices=("home", "away"))
+    presence.add_argument("--person", default="household")
+    presence.set_defaults(func=cmd_presence)
+
+    remind = sub.add_parser("remind", help="say something at a given time")
+    remind.add_argument("text")
+    remind.add_argument("--at", required=True, metavar="WHEN",
+                        help="'tomorrow 8:00', 'today 21:30', 'in 2 hours', "
+                        "'2026-12-24 18:00', '8:00' (the household's time zone)")
+    remind.add_argument("--channel", default="cli")
+    remind.set_defaults(func=cmd_remind)
     return p
 
 

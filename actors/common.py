@@ -25,7 +25,9 @@ EPISODES = "episodes"
 GRAPH = "graph"
 TURNS = "turns"
 SUPERVISOR = "supervisor"
-ACTORS = (EMBEDDER, TRANSCRIPT, RECALL, EPISODES, GRAPH, TURNS)
+CRON = "cron"
+# Long-lived actors, in start order; Cron (the subconscious' runner) comes last.
+ACTORS = (EMBEDDER, TRANSCRIPT, RECALL, EPISODES, GRAPH, TURNS, CRON)
 
 # Which actor owns (and alone changes) each kind of memory, by ref prefix.
 OWNERS: dict[str, str] = {"turn": TRANSCRIPT, "episode": EPISODES, "fact": GRAPH}

@@ -24,6 +24,7 @@ import ray
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 
 from actors.common import (
+    CRON,
     EMBEDDER,
     EPISODES,
     GRAPH,
@@ -37,10 +38,13 @@ from actors.common import (
 )
 from actors.messages import (
     Ack,
+    Activity,
     AddEpisode,
     AddFact,
     AppendTurns,
     ChangeMemory,
+    Compact,
+    Compacted,
     DropFromIndex,
     Embed,
     Embedded,
@@ -48,13 +52,22 @@ from actors.messages import (
     FactWritten,
     FindMemories,
     IndexSynced,
+    JobRun,
+    JobsReport,
+    JobsStatus,
     MemoryMatches,
+    Presence,
     Recall,
     Recalled,
     RecentTurns,
+    Remind,
+    Reminded,
+    RunJob,
     Status,
     StatusRequest,
     SyncIndex,
+    Tick,
+    Ticked,
     TurnList,
     TurnReply,
     TurnsAppended,
@@ -173,6 +186,9 @@ class TranscriptClient(ActorClient):
     def counts(self, timeout: float | None = None) -> dict[str, int]:
         return self.call("counts", reply=dict, retry=True, timeout=timeout)
 
+    def compact(self, msg: Compact) -> Compacted:
+        return self.call("compact", msg, reply=Compacted)
+
     def flush(self) -> Ack:
         return self.call("flush", reply=Ack, retry=True)
 
@@ -265,6 +281,32 @@ class TurnsClient(ActorClient):
     def waiting(self) -> dict[str, int]:
         """Per busy channel, the turns waiting behind the one running."""
         return self.call("waiting", reply=dict, retry=True)
+
+
+class CronClient(ActorClient):
+    name = CRON
+
+    def activity(self, msg: Activity) -> Ack:
+        return self.call("activity", msg, reply=Ack, retry=True)
+
+    def activity_async(self, msg: Activity) -> Any:
+        """Fire and forget (the turn path never waits for Cron)."""
+        return self.submit("activity", msg)
+
+    def presence(self, msg: Presence) -> Ack:
+        return self.call("presence", msg, reply=Ack, retry=True)
+
+    def tick(self, msg: Tick | None = None, timeout: float | None = None) -> Ticked:
+        return self.call("tick", msg or Tick(), reply=Ticked, timeout=timeout)
+
+    def status(self, msg: JobsStatus | None = None) -> JobsReport:
+        return self.call("status", msg or JobsStatus(), reply=JobsReport, retry=True)
+
+    def run(self, msg: RunJob, timeout: float | None = None) -> JobRun:
+        return self.call("run", msg, reply=JobRun, timeout=timeout)
+
+    def remind(self, msg: Remind) -> Reminded:
+        return self.call("remind", msg, reply=Reminded)
 
 
 class SupervisorClient(ActorClient):

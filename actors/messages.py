@@ -20,6 +20,13 @@ older senders keep working.
 | ChangeMemory       | owner of the ref .change | Ack              |
 | UserTurn           | Turns.process            | TurnReply        |
 | StatusRequest      | Supervisor.status        | Status           |
+| Compact            | Transcript.compact       | Compacted        |
+| Activity           | Cron.activity            | Ack              |
+| Presence           | Cron.presence            | Ack              |
+| Tick               | Cron.tick                | Ticked           |
+| JobsStatus         | Cron.status              | JobsReport       |
+| RunJob             | Cron.run                 | JobRun           |
+| Remind             | Cron.remind              | Reminded         |
 
 ``ChangeMemory`` goes to the actor that owns the ref's kind
 (``actors.common.OWNERS``: ``turn:`` Transcript, ``episode:`` Episodes,
@@ -284,3 +291,118 @@ class Status(Message):
     counts: dict[str, int]
     notice: str | None = None
 
+
+
+# -- compaction (written by the consolidation job) --------------------------
+
+class Compact(Message):
+    """Record a continuity summary of ``channel`` up to transcript row ``watermark``."""
+
+    channel: str = Field(min_length=1, max_length=200)
+    summary: str = Field(min_length=1, max_length=MAX_TURN_CHARS)
+    watermark: int = Field(ge=0)
+    writer: str = Field(default="transcript", min_length=1, max_length=80)
+
+
+class Compacted(Message):
+    compaction_id: int
+
+
+# -- the subconscious: Cron ------------------------------------------------
+# Every ``at`` / ``now`` is seconds since the epoch; None: the Cron actor's
+# clock. Tests and simulations give them, to jump time instead of sleeping.
+
+class Activity(Message):
+    """The user did something (a user turn): idleness starts again."""
+
+    at: float | None = Field(default=None, allow_inf_nan=False)
+
+
+class Presence(Message):
+    """Someone came home or left; everyone away counts as idle."""
+
+    person: str = Field(default="household", min_length=1, max_length=80)
+    state: Literal["home", "away"]
+    at: float | None = Field(default=None, allow_inf_nan=False)
+
+
+class Tick(Message):
+    """Check now (or at ``now``): fire due reminders, start the jobs the idle
+    gate lets through. ``wait``: answer when those runs have ended."""
+
+    now: float | None = Field(default=None, allow_inf_nan=False)
+    wait: bool = False
+
+
+class JobRun(Message):
+    """One run of a job: ``outcome`` None while it runs (or when not waited for)."""
+
+    name: str
+    run_id: int | None = None
+    outcome: Literal["ok", "failed"] | None = None
+    items: int = 0
+    error: str | None = None
+    detail: str = ""
+
+
+class Ticked(Message):
+    reminders: list[int]  # ids of the reminders fired
+    started: list[str]  # jobs started
+    runs: list[JobRun] = Field(default_factory=list)  # their ends, with ``wait``
+
+
+class JobsStatus(Message):
+    now: float | None = Field(default=None, allow_inf_nan=False)
+
+
+class JobLine(BaseModel):
+    """One line of ``reverie jobs`` (no version field: ``jobs --json`` prints it as is)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    last_outcome: Literal["ok", "failed"] | None
+    last_run_at: float | None
+    next_eligible_at: float | None
+
+
+class IdleInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    idle: bool
+    idle_since: float | None
+    eligible_at: float | None
+    reason: str
+    last_activity: float | None
+    presence: dict[str, str]  # person -> "home" | "away"
+    now: float
+
+
+class JobsReport(Message):
+    jobs: list[JobLine]
+    idle: IdleInfo
+
+
+class RunJob(Message):
+    """Fire one job now, past the idle gate (admin). ``wait``: answer when it ended."""
+
+    name: str = Field(min_length=1, max_length=40)
+    wait: bool = False
+    now: float | None = Field(default=None, allow_inf_nan=False)
+
+
+class Remind(Message):
+    """Say ``text`` on ``channel`` at ``when`` (``tomorrow 8:00``, ``in 2 hours``...,
+    read in the household's zone)."""
+
+    text: str = Field(min_length=1, max_length=2000)
+    when: str = Field(min_length=1, max_length=100)
+    channel: str = Field(default="cli", min_length=1, max_length=200)
+    now: float | None = Field(default=None, allow_inf_nan=False)
+
+
+class Reminded(Message):
+    id: int
+    due_at: float
+    due_local: str  # the due time in the household's zone, ISO 8601
+    channel: str

@@ -16,6 +16,7 @@ import ray
 
 from actors.common import (
     ACTORS,
+    CRON,
     EMBEDDER,
     EPISODES,
     GRAPH,
@@ -25,9 +26,11 @@ from actors.common import (
     TURNS,
     setup_logging,
 )
+from actors.cron import CronActor
 from actors.embedder import EmbedderActor
 from actors.handles import (
     ActorClient,
+    CronClient,
     EmbedderClient,
     EpisodesClient,
     GraphClient,
@@ -41,26 +44,30 @@ from actors.recall import RecallActor
 from actors.transcript import TranscriptActor
 from actors.turns import TurnsActor
 from runtime.config import Settings
+from runtime.llm_queue import read_notice
 
 log = logging.getLogger(__name__)
 
 CLASSES: dict[str, type] = {
     EMBEDDER: EmbedderActor, TRANSCRIPT: TranscriptActor, RECALL: RecallActor,
-    EPISODES: EpisodesActor, GRAPH: GraphActor, TURNS: TurnsActor,
+    EPISODES: EpisodesActor, GRAPH: GraphActor, TURNS: TurnsActor, CRON: CronActor,
 }
 CLIENTS: dict[str, type[ActorClient]] = {
     EMBEDDER: EmbedderClient, TRANSCRIPT: TranscriptClient, RECALL: RecallClient,
-    EPISODES: EpisodesClient, GRAPH: GraphClient, TURNS: TurnsClient,
+    EPISODES: EpisodesClient, GRAPH: GraphClient, TURNS: TurnsClient, CRON: CronClient,
 }
 # Calls a restarted actor may safely see again: appends carry request ids,
 # recall and embedding are reads.
 RETRIES: dict[str, int] = {EMBEDDER: 3, TRANSCRIPT: 3, RECALL: 3, EPISODES: 0, GRAPH: 0,
-                           TURNS: 0}
+                           TURNS: 0, CRON: 0}
 # Turns in progress at once, across channels (the Turns actor is threaded; one
 # channel's turns still run one at a time). Every other actor runs one call at
 # a time: each is the single writer of its tables.
 TURNS_MAX_CONCURRENCY = 16
-MAX_CONCURRENCY: dict[str, int] = {TURNS: TURNS_MAX_CONCURRENCY}
+# Cron answers status and presence while a job runs (one thread runs the jobs;
+# a `jobs run --wait` holds one until its run ends).
+CRON_MAX_CONCURRENCY = 8
+MAX_CONCURRENCY: dict[str, int] = {TURNS: TURNS_MAX_CONCURRENCY, CRON: CRON_MAX_CONCURRENCY}
 PING_TIMEOUT_S = 10.0
 
 
@@ -71,7 +78,7 @@ class Supervisor:
         self.namespace = settings.runtime.namespace
         self.handles: dict[str, Any] = {}
         self.clients: dict[str, ActorClient] = {}
-        for name in ACTORS:  # in dependency order: embedder first, turns last
+        for name in ACTORS:  # in dependency order: embedder first, cron last
             self.handles[name] = self._start(name)
             self.clients[name] = CLIENTS[name](self.namespace, handle=self.handles[name])
             self.clients[name].ping(timeout=300)
@@ -102,7 +109,8 @@ class Supervisor:
             counts = self.transcript.counts(timeout=PING_TIMEOUT_S)
         except Exception as exc:
             log.warning("counts unavailable: %s", type(exc).__name__)
-        return Status(namespace=self.namespace, actors=states, counts=counts)
+        return Status(namespace=self.namespace, actors=states, counts=counts,
+                      notice=read_notice(self.settings.store.resolved_dir))
 
     def stop(self) -> None:
         """Save what is cached (the vector indexes), then stop every actor."""

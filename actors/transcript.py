@@ -19,6 +19,8 @@ from actors.messages import (
     Ack,
     AppendTurns,
     ChangeMemory,
+    Compact,
+    Compacted,
     RecentTurns,
     TurnList,
     TurnRow,
@@ -69,6 +71,17 @@ class TranscriptActor:
     def change(self, msg: ChangeMemory) -> Ack:
         """Disable, enable or forget one turn; then bring the index in step."""
         return change_memory(self.recall, self.transcript, accept(ChangeMemory, msg), "turn")
+
+    def compact(self, msg: Compact) -> Compacted:
+        """Record a continuity summary of a channel up to a watermark (written by
+        the consolidation job); a watermark behind the current one is refused."""
+        msg = accept(Compact, msg)
+        try:
+            compaction_id = self.transcript.compact(msg.channel, msg.summary, msg.watermark,
+                                                    msg.writer)
+        except ValueError as exc:
+            raise bad_request(exc) from None
+        return Compacted(compaction_id=compaction_id)
 
     def counts(self) -> dict[str, int]:
         return self.store.counts()

@@ -25,8 +25,9 @@ from contextlib import contextmanager
 from pydantic import ValidationError
 
 from actors.common import BadRequest, accept, bad_request, setup_logging
-from actors.handles import RecallClient, TranscriptClient
+from actors.handles import CronClient, RecallClient, TranscriptClient
 from actors.messages import (
+    Activity,
     AppendTurns,
     MemoryItem,
     Recall,
@@ -37,6 +38,7 @@ from actors.messages import (
 from runtime.clock import Clock, SystemClock, household_zone, local_datetime
 from runtime.config import ChannelSettings, Settings
 from runtime.llm import AllProvidersFailed, ChatMessage, LLMRequest, make_llm
+from runtime.llm_queue import LLMHealth
 from runtime.persona import PersonaLoader
 from runtime.prompt import build_messages
 from runtime.transcript import MAX_TURN_CHARS, TurnIn
@@ -90,10 +92,12 @@ class TurnsActor:
         self.clock: Clock = clock or SystemClock()
         self.zone = household_zone(settings.household.timezone)
         self.persona = PersonaLoader.from_settings(settings.persona)
-        self.llm = make_llm(settings.llm)  # thread-safe (FallbackChain)
+        # thread-safe (FallbackChain); its notice is durable: it survives a restart
+        self.llm = make_llm(settings.llm, LLMHealth(settings.store.resolved_dir, self.clock))
         namespace = settings.runtime.namespace
         self.transcript = TranscriptClient(namespace, CALL_TIMEOUT_S)
         self.recall = RecallClient(namespace, CALL_TIMEOUT_S)
+        self.cron = CronClient(namespace, CALL_TIMEOUT_S)
         self.channels = ChannelQueue()
 
     def _user_turn_in(self, msg: UserTurn) -> TurnIn:
@@ -111,6 +115,8 @@ class TurnsActor:
             known = ", ".join(sorted(self.settings.channels))
             raise BadRequest(f"unknown channel {msg.channel!r}; configured channels: {known}")
         user_turn = self._user_turn_in(msg)
+        if msg.source == "user" and not channel.background:
+            self._tell_cron()
         with self.channels.turn(msg.channel):
             return self._answer(msg, channel, user_turn)
 
@@ -155,6 +161,14 @@ class TurnsActor:
                 AppendTurns(turns=[reply], citations=[citations])).ids[0]
         return TurnReply(turn_id=turn_id, reply_id=reply_id, text=text, citations=citations,
                          provider=provider, recall_degraded=degraded, notice=self.llm.notice)
+
+    def _tell_cron(self) -> None:
+        """The user is here: idleness starts again (fire and forget; the turn
+        never waits for Cron, nor fails for it)."""
+        try:
+            self.cron.activity_async(Activity(at=self.clock.now()))
+        except Exception as exc:  # no Cron (yet): the jobs just keep their gate
+            log.debug("cannot tell cron about activity: %s", type(exc).__name__)
 
     def waiting(self) -> dict[str, int]:
         """Per busy channel, the turns waiting for the one before them to finish."""

@@ -199,6 +199,46 @@ def _default_channels() -> dict[str, ChannelSettings]:
     }
 
 
+JOB_NAME = r"^[a-z][a-z0-9_-]{0,39}$"
+JOB_TARGET = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
+# Every job name of the design (runtime.jobs lists the ones that exist yet).
+JOB_NAMES = ("consolidate", "facts", "decay", "patterns", "synthesis", "dmn", "sync", "geo",
+             "research")
+
+
+class JobsSettings(_Section):
+    """The subconscious: background jobs, checked every ``check_every_s``, fired
+    once the household has been idle ``idle_after_s`` (see ``runtime.idle``)."""
+
+    check_every_s: float = Field(default=300.0, gt=0)
+    idle_after_s: float = Field(default=1800.0, ge=0)
+    budget_s: float = Field(default=600.0, gt=0)  # one run's time budget
+    # More jobs, by name: "package.module:function" (a JobFn), run after the
+    # built-in ones. A name may not shadow a built-in or a reserved job name.
+    extra: dict[str, str] = Field(default_factory=dict)
+    # Jobs switched off: neither listed nor run.
+    disabled: list[str] = Field(default_factory=list)
+
+    @field_validator("extra")
+    @classmethod
+    def _valid_extra(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, target in value.items():
+            if not re.match(JOB_NAME, name):
+                raise ValueError(f"{name!r}: a job name is lower-case letters, digits, - or _")
+            if name in JOB_NAMES:
+                raise ValueError(f"{name!r} is a built-in job name")
+            if not re.match(JOB_TARGET, target):
+                raise ValueError(f"{name}: {target!r} is not 'package.module:function'")
+        return value
+
+    @model_validator(mode="after")
+    def _known_disabled(self) -> JobsSettings:
+        unknown = [n for n in self.disabled if n not in JOB_NAMES and n not in self.extra]
+        if unknown:
+            raise ValueError(f"disabled: no job named {', '.join(map(repr, unknown))}")
+        return self
+
+
 class MemorySettings(_Section):
     profiles_file: Path = CONFIG_DIR / "profiles.toml"
     fact_kinds_file: Path = CONFIG_DIR / "fact_kinds.toml"
@@ -214,6 +254,7 @@ class Settings(_Section):
     channels: dict[str, ChannelSettings] = Field(default_factory=_default_channels)
     persona: PersonaSettings = PersonaSettings()
     household: HouseholdSettings = HouseholdSettings()
+    jobs: JobsSettings = JobsSettings()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @model_validator(mode="after")

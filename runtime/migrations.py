@@ -425,6 +425,36 @@ MIGRATIONS: list[tuple[str, str]] = [
         ) WITHOUT ROWID;
         """,
     ),
+    (
+        "0009_household_activity_and_reminders",
+        """
+        -- The idle gate's inputs (written by the Cron actor only), kept so that a
+        -- restart does not forget them. One row: the last user activity.
+        CREATE TABLE household_activity (
+            id      INTEGER PRIMARY KEY CHECK (id = 1),
+            last_at REAL NOT NULL
+        );
+        -- Each person's last reported presence.
+        CREATE TABLE presence (
+            person TEXT PRIMARY KEY,
+            state  TEXT NOT NULL CHECK (state IN ('home', 'away')),
+            at     REAL NOT NULL
+        ) WITHOUT ROWID;
+
+        -- Reminders: appended to the transcript of their channel (source
+        -- 'scheduled', muted) once due; fired_at and turn_id are set once.
+        CREATE TABLE reminders (
+            id         INTEGER PRIMARY KEY AUTOINCREMENT,
+            text       TEXT NOT NULL,
+            channel    TEXT NOT NULL,
+            due_at     REAL NOT NULL,
+            created_at REAL NOT NULL,
+            fired_at   REAL,
+            turn_id    INTEGER
+        );
+        CREATE INDEX reminders_pending ON reminders (due_at) WHERE fired_at IS NULL;
+        """,
+    ),
 ]
 
 

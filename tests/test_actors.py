@@ -277,7 +277,7 @@ def test_client_resolves_once_and_again_after_the_actor_is_gone(ray_instance: st
 def test_supervisor_reports_through_clients(runtime: Settings) -> None:
     status = SupervisorClient(NS).status()
     assert set(status.actors) == {"embedder", "transcript", "recall", "episodes", "graph",
-                                  "turns"}
+                                  "turns", "cron"}
     assert set(status.actors.values()) == {"ok"}
     assert status.counts["transcript"] >= 1
     assert EpisodesClient(NS).ping() == "ok"

@@ -92,7 +92,7 @@ def test_status_lists_every_actor(running: dict[str, str]) -> None:
     status = json.loads(result.stdout)
     assert status["namespace"] == NS
     assert status["actors"] == dict.fromkeys(
-        ["embedder", "transcript", "recall", "episodes", "graph", "turns"], "ok")
+        ["embedder", "transcript", "recall", "episodes", "graph", "turns", "cron"], "ok")
 
 
 def test_say_and_recall(running: dict[str, str]) -> None:

@@ -22,6 +22,8 @@ ITEM = m.MemoryItem(ref="turn:3", kind="turn", item_id=3, text="[2024-01-01] use
                     tokens=6)
 MATCH = m.MemoryMatch(ref="fact:4", text="user locker: code 4471", created_at=2.5,
                       disabled=True)
+IDLE = m.IdleInfo(idle=False, idle_since=1.0, eligible_at=1801.0, reason="active",
+                  last_activity=1.0, presence={"ana": "home"}, now=5.0)
 SAMPLES: list[m.Message] = [
     m.Ack(detail="done"),
     m.AppendTurns(turns=[TurnIn(channel="chat", source="user", content="hi",
@@ -55,6 +57,21 @@ SAMPLES: list[m.Message] = [
     m.TurnReply(turn_id=1, reply_id=2, text="hi", citations=["turn:1"], provider="offline"),
     m.StatusRequest(),
     m.Status(namespace="reverie", actors={"turns": "ok"}, counts={"transcript": 1}),
+    # the Cron actor and the jobs
+    m.Compact(channel="chat", summary="they talked", watermark=12, writer="consolidate"),
+    m.Compacted(compaction_id=3),
+    m.Activity(at=5.0),
+    m.Activity(),
+    m.Presence(person="ana", state="away", at=6.0),
+    m.Tick(now=7.0, wait=True),
+    m.JobRun(name="facts", run_id=4, outcome="failed", items=0, error="ValueError: x"),
+    m.Ticked(reminders=[1], started=["facts"], runs=[m.JobRun(name="facts")]),
+    m.JobsStatus(now=8.0),
+    m.JobsReport(jobs=[m.JobLine(name="decay", last_outcome=None, last_run_at=None,
+                                 next_eligible_at=1801.0)], idle=IDLE),
+    m.RunJob(name="decay", wait=True),
+    m.Remind(text="bins", when="tomorrow 8:00", channel="chat"),
+    m.Reminded(id=1, due_at=9.0, due_local="2026-11-30T08:00+00:00", channel="chat"),
 ]
 
 

@@ -16,9 +16,10 @@ from zoneinfo import ZoneInfo
 import pytest
 import ray
 from fake_openai import FakeOpenAI, Mode
+from ray.exceptions import ActorUnavailableError
 
 from actors import supervisor
-from actors.handles import TranscriptClient, TurnsClient
+from actors.handles import SupervisorClient, TranscriptClient, TurnsClient
 from actors.messages import ChangeMemory, RecentTurns, UserTurn
 from runtime.config import CONFIG_DIR, Settings, load_settings
 from runtime.fact_kinds import FactKinds
@@ -95,6 +96,25 @@ def test_failing_model_falls_back_and_then_shows_a_notice(runtime: Settings,
     second = say("And the garden waste?")
     assert second.provider == "offline"
     assert second.notice is not None and "failing" in second.notice
+    # durable: `reverie status` shows it, and a restarted Turns actor still has it
+    assert SupervisorClient(NS).status().notice == second.notice
+    ray.kill(ray.get_actor("turns", namespace=NS), no_restart=False)
+
+    def back() -> bool:
+        try:
+            return TurnsClient(NS, timeout_s=30).ping() == "ok"
+        except Exception:
+            return False
+
+    assert _wait_for(back, 120), "the turns actor did not come back"
+    for attempt in range(3):  # Ray may still call it unavailable for a moment
+        try:
+            after = say("Is the bin day moved for the holiday?")
+            break
+        except ActorUnavailableError:
+            if attempt == 2:
+                raise
+    assert after.notice is not None
     server.mode = Mode.SLOW  # a timeout is a failure too, never a hang
     assert say("Anything else?").provider == "offline"
     server.mode = Mode.OK

@@ -3,6 +3,7 @@
 
 Usage:
     tools/bench/locomo_recall.py DATA.json [--conversations conv-26,conv-30] [--json OUT.json]
+                                 [--subconscious]
 
 Each conversation is ingested into a fresh store through the public runtime
 API (:class:`runtime.memory.Memory`, turn times from the session dates). Each
@@ -12,12 +13,21 @@ order. Beside it, on the same store and the same embeddings, three plain
 baselines run: FTS5 bm25 alone, MiniLM cosine alone, and their reciprocal-rank
 fusion (k = 60).
 
+With ``--subconscious`` the background jobs run over each conversation before
+the questions, as they would while the household is away: after each session
+the clock jumps past the idle window and ``consolidate`` then ``facts`` run
+(each until it reports no more work) with the offline provider, through the
+same job functions the Cron actor fires. Recall then sees episodes and facts
+beside the raw turns; an episode counts through the turns it cites.
+
 Metrics per retriever (k counts cited turns):
     turn_any@5, turn_any@10  any evidence turn among the first k cited turns
     turn_all@10              every evidence turn among the first 10
     sess_all@10              every evidence session among the sessions of the first 10
     n                        questions scored
     p50_ms, p99_ms           retrieval latency per question (query embedding included)
+    by_category              the same per LoCoMo category (1 multi-hop, 2 temporal,
+                             3 open-domain, 4 single-hop)
 """
 
 from __future__ import annotations
@@ -45,6 +55,8 @@ from runtime.clock import DAY, ManualClock  # noqa: E402
 from runtime.config import load_settings  # noqa: E402
 from runtime.embedder import Embedder, make_embedder  # noqa: E402
 from runtime.fts import match_expression  # noqa: E402
+from runtime.job_context import JobContext  # noqa: E402
+from runtime.llm import make_llm  # noqa: E402
 from runtime.memory import Memory  # noqa: E402
 from runtime.transcript import TurnIn  # noqa: E402
 
@@ -55,6 +67,8 @@ CATEGORIES = {1, 2, 3, 4}
 RRF_K = 60
 DEPTH = 10
 SECONDS_PER_TURN = 30.0
+SUBCONSCIOUS_JOBS = ("runtime.consolidate", "runtime.extract")  # each module's run()
+MAX_JOB_ROUNDS = 50
 _DIA = re.compile(r"^D(\d+):(\d+)$")
 
 
@@ -146,7 +160,8 @@ class Baselines:
 
 
 def ingest(
-    memory: Memory, clock: ManualClock, conv: dict[str, Any]
+    memory: Memory, clock: ManualClock, conv: dict[str, Any],
+    after_session: Callable[[float], None] | None = None,
 ) -> tuple[dict[int, str], float]:
     """Write every turn through the runtime API; return transcript id -> dia_id, last time."""
     c = conv["conversation"]
@@ -156,6 +171,8 @@ def ingest(
     id_to_dia: dict[int, str] = {}
     last = 0.0
     for n in sessions:
+        if after_session is not None and last:
+            after_session(last)
         start = parse_session_time(c[f"session_{n}_date_time"])
         turns = c[f"session_{n}"]
         batch = [
@@ -171,14 +188,48 @@ def ingest(
     return id_to_dia, last
 
 
-def run_conversation(conv: dict[str, Any], embedder: Embedder,
-                     workdir: Path) -> dict[str, Scores]:
+def run_jobs(memory: Memory, clock: ManualClock, at: float) -> dict[str, int]:
+    """The subconscious after a session: the clock jumps past the idle window and
+    each job runs until it has nothing more to do; returns items per job."""
+    import importlib
+
+    settings = memory.settings
+    clock.set(at + settings.jobs.idle_after_s + 1.0) if hasattr(settings, "jobs") else \
+        clock.set(at + 1800.0 + 1.0)
+    done: dict[str, int] = {}
+    for module in SUBCONSCIOUS_JOBS:
+        run = importlib.import_module(module).run
+        for _ in range(MAX_JOB_ROUNDS):
+            ctx = JobContext(store=memory.store, writer=memory, llm=make_llm(settings.llm),
+                             clock=clock, settings=settings)
+            result = run(ctx)
+            done[module] = done.get(module, 0) + result.items
+            if not result.more:
+                break
+    memory.indexer.sync()
+    return done
+
+
+def run_conversation(conv: dict[str, Any], embedder: Embedder, workdir: Path,
+                     subconscious: bool = False) -> dict[str, dict[int, Scores]]:
+    """Scores per retriever and per question category."""
     data_dir = workdir / conv["sample_id"]
     settings = load_settings(env={}, overrides={"store": {"data_dir": str(data_dir)}})
     clock = ManualClock(0.0)
     memory = Memory(settings, clock=clock, embedder=embedder)
     t0 = time.perf_counter()
-    id_to_dia, last = ingest(memory, clock, conv)
+    job_items: dict[str, int] = {}
+
+    def after_session(at: float) -> None:
+        for name, n in run_jobs(memory, clock, at).items():
+            job_items[name] = job_items.get(name, 0) + n
+
+    id_to_dia, last = ingest(memory, clock, conv, after_session if subconscious else None)
+    if subconscious:
+        after_session(last)
+        counts = memory.counts()
+        log.info("%s: jobs did %s; %d episodes, %d facts", conv["sample_id"], job_items,
+                 counts["episodes"], counts["facts"])
     log.info("%s: %d turns ingested in %.1f s", conv["sample_id"], len(id_to_dia),
              time.perf_counter() - t0)
     now = last + DAY
@@ -187,9 +238,10 @@ def run_conversation(conv: dict[str, Any], embedder: Embedder,
     baselines = Baselines(memory, embedder)
     plain: dict[str, Callable[[str], list[int]]] = {
         "bm25": baselines.bm25, "dense": baselines.dense, "rrf": baselines.rrf}
-    scores = {name: Scores() for name in RETRIEVERS}
+    scores = {name: {c: Scores() for c in CATEGORIES} for name in RETRIEVERS}
     for qa in conv["qa"]:
-        if qa.get("category") not in CATEGORIES:
+        category = qa.get("category")
+        if category not in CATEGORIES:
             continue
         evidence = {e for e in qa.get("evidence", []) if e in valid}
         if not evidence:
@@ -197,12 +249,13 @@ def run_conversation(conv: dict[str, Any], embedder: Embedder,
         question = str(qa["question"])
         result = memory.recall(question, now=now)
         ranked = [id_to_dia[t] for t in result.cited_turns() if t in id_to_dia]
-        scores["reverie"].add(ranked, evidence, result.elapsed_ms)
+        scores["reverie"][category].add(ranked, evidence, result.elapsed_ms)
         for name, fn in plain.items():
             t1 = time.perf_counter()
             ids = fn(question)
             elapsed = (time.perf_counter() - t1) * 1000
-            scores[name].add([id_to_dia[i] for i in ids if i in id_to_dia], evidence, elapsed)
+            scores[name][category].add([id_to_dia[i] for i in ids if i in id_to_dia], evidence,
+                                       elapsed)
     memory.close()
     return scores
 
@@ -213,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--conversations", help="comma-separated sample ids (default: all)")
     parser.add_argument("--json", type=Path, help="write the figures here as JSON")
     parser.add_argument("--workdir", type=Path, help="keep the stores here (default: temp)")
+    parser.add_argument("--subconscious", action="store_true",
+                        help="run consolidate and facts (offline provider) after each session")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
 
@@ -226,19 +281,31 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = load_settings(env={})
     embedder = make_embedder(settings.embedder)
-    totals = {name: Scores() for name in RETRIEVERS}
+    totals = {name: {c: Scores() for c in CATEGORIES} for name in RETRIEVERS}
     with tempfile.TemporaryDirectory(prefix="locomo-") as tmp:
         workdir = args.workdir or Path(tmp)
         for conv in conversations:
-            for name, s in run_conversation(conv, embedder, workdir).items():
-                totals[name].extend(s)
+            for name, by_cat in run_conversation(conv, embedder, workdir,
+                                                 args.subconscious).items():
+                for c, s in by_cat.items():
+                    totals[name][c].extend(s)
 
-    report = {name: totals[name].summary() for name in RETRIEVERS}
+    report: dict[str, Any] = {}
+    for name in RETRIEVERS:
+        overall = Scores()
+        for s in totals[name].values():
+            overall.extend(s)
+        report[name] = {**overall.summary(), "by_category": {
+            str(c): totals[name][c].summary() for c in sorted(CATEGORIES)}}
+    report["subconscious"] = args.subconscious
     header = ["retriever", "turn_any@5", "turn_any@10", "turn_all@10", "sess_all@10", "n",
               "p50_ms", "p99_ms"]
     print(" | ".join(header))
     for name in (*RETRIEVERS[1:], RETRIEVERS[0]):
         print(" | ".join([name, *(str(report[name][h]) for h in header[1:])]))
+        for c in sorted(CATEGORIES):
+            cat = report[name]["by_category"][str(c)]
+            print(" | ".join([f"  cat {c}", *(str(cat[h]) for h in header[1:])]))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     r = report["reverie"]

@@ -1,0 +1,329 @@
+"""The Cron actor: the subconscious' runner.
+
+Long-lived (the only one the subconscious adds), started last by the
+Supervisor. It keeps the idle gate's inputs (last user activity, each
+person's presence; durable, so a restart forgets neither), checks every
+``jobs.check_every_s``, and:
+
+- fires due reminders, idle or not (``runtime.reminders``): appended to the
+  transcript through the Transcript actor with a request id derived from the
+  reminder's id, then marked fired;
+- starts the jobs the idle gate lets through (``runtime.idle``,
+  ``runtime.jobs.due_jobs``). Each run gets its own job actor
+  (``actors.job_actor``) that exists only while the run does; runs go one at a
+  time, in a queue served by one thread, and a job is never queued twice.
+  Whatever a run raises, and a job actor's death, is recorded as a failed run
+  (``job_runs``); the next run and the next tick go on.
+
+Messages (``actors/messages.py``): ``Activity``, ``Presence``, ``Tick``,
+``JobsStatus``, ``RunJob``, ``Remind``. Every time in them is optional: given,
+it is the instant the message means (tests and simulations jump time by
+sending ``Tick(now=...)`` instead of sleeping; a run started by such a tick
+sees its job's clock fixed at that instant); absent, the actor's clock (the
+system's, or one injected into the constructor) is read.
+
+The actor is threaded (the Supervisor sets ``max_concurrency``): a status
+request is answered while a job runs. One lock guards its SQLite connection.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayTaskError
+
+from actors.common import BadRequest, accept, open_store, setup_logging, unwrap
+from actors.handles import TranscriptClient
+from actors.job_actor import JobActor
+from actors.messages import (
+    Ack,
+    Activity,
+    AppendTurns,
+    IdleInfo,
+    JobLine,
+    JobRun,
+    JobsReport,
+    JobsStatus,
+    Presence,
+    Remind,
+    Reminded,
+    RunJob,
+    Tick,
+    Ticked,
+)
+from runtime import jobs, reminders
+from runtime.clock import Clock, SystemClock, household_zone
+from runtime.config import Settings
+from runtime.idle import IdleState, idle_state
+from runtime.job_context import JobResult
+from runtime.transcript import TurnIn
+
+log = logging.getLogger(__name__)
+
+WRITER = "cron"
+# A job is asked to stop at its budget after the batch it is in; past this
+# multiple of the budget its actor is killed and the run recorded as failed.
+HARD_LIMIT = 3.0
+MAX_WAKE_S = 3600.0
+
+
+@dataclass
+class _Pending:
+    """A run queued or running; ``done`` is set when it has been recorded."""
+
+    name: str
+    now: float | None  # the instant of the tick that queued it (None: the clock)
+    done: threading.Event = field(default_factory=threading.Event)
+    run: jobs.Run | None = None
+    detail: str = ""
+
+
+class CronActor:
+    def __init__(self, settings: Settings, clock: Clock | None = None,
+                 background: bool = True) -> None:
+        setup_logging(settings, "cron")
+        self.settings = settings
+        self.namespace = settings.runtime.namespace
+        self.clock: Clock = clock or SystemClock()
+        self.zone = household_zone(settings.household.timezone)
+        self.every = settings.jobs.check_every_s
+        self.jobs = jobs.registry(settings)
+        self.store = open_store(settings, self.clock)
+        self._lock = threading.RLock()  # the store connection and the queue
+        self._queued = threading.Condition(self._lock)
+        self._fire_lock = threading.Lock()  # one reminder firing at a time
+        self._queue: deque[_Pending] = deque()
+        self._pending: dict[str, _Pending] = {}
+        self._wake = threading.Event()
+        self._stopping = False
+        self.transcript = TranscriptClient(self.namespace)
+        with self._lock:
+            closed = jobs.close_interrupted(self.store, self.clock.now())
+        if closed:
+            log.warning("%d job runs were interrupted by a restart: recorded failed", closed)
+        self._threads = [threading.Thread(target=self._serve, name="cron-jobs", daemon=True)]
+        if background:
+            self._threads.append(
+                threading.Thread(target=self._loop, name="cron-ticks", daemon=True))
+        for thread in self._threads:
+            thread.start()
+
+    # -- the idle gate's inputs ------------------------------------------------
+
+    def _now(self, at: float | None) -> float:
+        return self.clock.now() if at is None else at
+
+    def activity(self, msg: Activity) -> Ack:
+        msg = accept(Activity, msg)
+        with self._lock:
+            jobs.record_activity(self.store, self._now(msg.at))
+        return Ack()
+
+    def presence(self, msg: Presence) -> Ack:
+        msg = accept(Presence, msg)
+        with self._lock:
+            jobs.record_presence(self.store, msg.person, msg.state, self._now(msg.at))
+        return Ack(detail=f"{msg.person} {msg.state}")
+
+    def _gate(self, now: float) -> IdleState:
+        with self._lock:
+            return idle_state(jobs.load_activity(self.store), jobs.load_presence(self.store),
+                              now, self.settings.jobs.idle_after_s)
+
+    # -- ticks ---------------------------------------------------------------------
+
+    def tick(self, msg: Tick | None = None) -> Ticked:
+        """Fire due reminders; queue the jobs the idle gate lets through."""
+        msg = accept(Tick, msg if msg is not None else Tick())
+        now = self._now(msg.now)
+        fired = self._fire_reminders(now)
+        with self._lock:
+            gate = self._gate(now)
+            idle_names = [n for n in self.jobs if n not in self._pending]
+            due = jobs.due_jobs(self.store, idle_names, gate, now, self.every)
+            queued = [self._enqueue(name, msg.now) for name in due]
+        if due:
+            log.info("idle since %s (%s): starting %s", gate.idle_since, gate.reason,
+                     ", ".join(due))
+        runs = [self._wait(p, None) for p in queued] if msg.wait else []
+        return Ticked(reminders=fired, started=due, runs=runs)
+
+    def _loop(self) -> None:
+        """The background check: every ``check_every_s`` (the first one after a
+        full interval, never at start), and whenever a reminder falls due."""
+        last_check = time.monotonic()
+        while not self._stopping:
+            with self._lock:
+                upcoming = reminders.next_due(self.store)
+            wait = last_check + self.every - time.monotonic()
+            if upcoming is not None:
+                wait = min(wait, upcoming - self.clock.now())
+            if self._wake.wait(max(0.0, min(wait, MAX_WAKE_S))):
+                self._wake.clear()  # a new reminder, or stop: look again
+                continue
+            try:
+                if time.monotonic() >= last_check + self.every:
+                    last_check = time.monotonic()
+                    self.tick(Tick())
+                else:
+                    self._fire_reminders(self.clock.now())
+            except Exception:  # a tick never ends the loop
+                log.exception("tick failed")
+
+    # -- reminders -------------------------------------------------------------------
+
+    def remind(self, msg: Remind) -> Reminded:
+        msg = accept(Remind, msg)
+        if msg.channel not in self.settings.channels:
+            known = ", ".join(sorted(self.settings.channels))
+            raise BadRequest(f"unknown channel {msg.channel!r}; configured channels: {known}")
+        now = self._now(msg.now)
+        try:
+            due_at = reminders.parse_when(msg.when, now, self.zone)
+            with self._lock:
+                made = reminders.add(self.store, msg.text, msg.channel, due_at)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        self._wake.set()
+        local = datetime.fromtimestamp(due_at, tz=self.zone)
+        return Reminded(id=made.id, due_at=due_at, channel=made.channel,
+                        due_local=local.isoformat(timespec="minutes"))
+
+    def _fire_reminders(self, now: float) -> list[int]:
+        """Say every reminder due at ``now`` once: append (idempotent by its request
+        id), then mark it fired. A failure leaves it for the next check."""
+        fired = []
+        with self._fire_lock:
+            with self._lock:
+                due = reminders.due(self.store, now)
+            for reminder in due:
+                turn = TurnIn(channel=reminder.channel, source=reminders.SOURCE,
+                              role="assistant", content=reminders.content(reminder),
+                              created_at=now, request_id=reminder.request_id)
+                try:
+                    turn_id = self.transcript.append(
+                        AppendTurns(turns=[turn], writer=WRITER)).ids[0]
+                except Exception as exc:
+                    log.warning("reminder %d not fired yet: %s", reminder.id,
+                                jobs.error_text(exc))
+                    continue
+                with self._lock:
+                    reminders.mark_fired(self.store, reminder.id, turn_id, now)
+                fired.append(reminder.id)
+        return fired
+
+    # -- runs ------------------------------------------------------------------------
+
+    def run(self, msg: RunJob) -> JobRun:
+        """Fire one job now, past the idle gate. ``wait``: answer once it ended."""
+        msg = accept(RunJob, msg)
+        if msg.name not in self.jobs:
+            later = " (it comes with a later version)" if msg.name in jobs.LATER else ""
+            raise BadRequest(f"unknown job {msg.name!r}{later}; jobs: {', '.join(self.jobs)}")
+        with self._lock:
+            pending = self._enqueue(msg.name, msg.now)
+        if msg.wait:
+            return self._wait(pending, None)
+        return JobRun(name=msg.name)
+
+    def _enqueue(self, name: str, now: float | None) -> _Pending:
+        """Queue a run of ``name``, or answer the run already queued or running."""
+        with self._lock:
+            pending = self._pending.get(name)
+            if pending is None:
+                pending = self._pending[name] = _Pending(name, now)
+                self._queue.append(pending)
+                self._queued.notify_all()
+            return pending
+
+    def _wait(self, pending: _Pending, timeout: float | None) -> JobRun:
+        pending.done.wait(timeout)
+        run = pending.run
+        if run is None:
+            return JobRun(name=pending.name)
+        return JobRun(name=run.job, run_id=run.id, outcome=run.outcome,  # type: ignore[arg-type]
+                      items=run.items, error=run.error, detail=pending.detail)
+
+    def _serve(self) -> None:
+        """The one thread that runs jobs, one at a time, in queue order."""
+        while True:
+            with self._queued:
+                while not self._queue and not self._stopping:
+                    self._queued.wait()
+                if self._stopping:
+                    return
+                pending = self._queue.popleft()
+            try:
+                self._run(pending)
+            except Exception:  # recording failed (the store): never end the thread
+                log.exception("job %s could not be recorded", pending.name)
+            finally:
+                with self._lock:
+                    self._pending.pop(pending.name, None)
+                pending.done.set()
+
+    def _run(self, pending: _Pending) -> None:
+        started = self._now(pending.now)
+        with self._lock:
+            run_id = jobs.start_run(self.store, pending.name, started)
+        try:
+            result = self._execute(pending.name, self.jobs[pending.name], run_id, pending.now)
+            if not isinstance(result, JobResult):
+                raise TypeError(f"job {pending.name} returned {type(result).__name__}, "
+                                "not a JobResult")
+        except Exception as exc:
+            log.warning("job %s failed: %s", pending.name, jobs.error_text(exc))
+            with self._lock:
+                pending.run = jobs.end_run(self.store, run_id, self._now(pending.now), error=exc)
+            return
+        log.info("job %s done: %d items %s", pending.name, result.items, result.detail)
+        pending.detail = result.detail
+        with self._lock:
+            pending.run = jobs.end_run(self.store, run_id, self._now(pending.now), result=result)
+
+    def _execute(self, name: str, target: str, run_id: int, now: float | None) -> JobResult:
+        """Run the job in an actor of its own, then kill that actor."""
+        cls: Any = ray.remote(JobActor)
+        handle = cls.options(name=f"job-{name}-{run_id}", namespace=self.namespace, num_cpus=0,
+                             max_restarts=0, max_task_retries=0).remote(self.settings)
+        limit = self.settings.jobs.budget_s * HARD_LIMIT
+        try:
+            return ray.get(handle.run.remote(name, target, now), timeout=limit)
+        except RayTaskError as exc:  # raised by the job: recorded as itself
+            raise unwrap(exc) from None
+        except GetTimeoutError:
+            raise TimeoutError(f"the run took more than {limit:.0f} s; its actor was "
+                               "killed") from None
+        finally:
+            ray.kill(handle, no_restart=True)
+
+    # -- status ----------------------------------------------------------------------
+
+    def status(self, msg: JobsStatus | None = None) -> JobsReport:
+        msg = accept(JobsStatus, msg if msg is not None else JobsStatus())
+        now = self._now(msg.now)
+        with self._lock:
+            gate = self._gate(now)
+            lines = jobs.status(self.store, list(self.jobs), gate, self.every)
+            last = jobs.load_activity(self.store)
+            presence = jobs.load_presence(self.store)
+        idle = IdleInfo(**gate.as_dict(), last_activity=last,  # type: ignore[arg-type]
+                        presence={p: v.state for p, v in presence.items()}, now=now)
+        return JobsReport(jobs=[JobLine(**line) for line in lines], idle=idle)
+
+    def stop(self) -> None:
+        """End the background threads (a run in progress ends with its actor)."""
+        self._stopping = True
+        self._wake.set()
+        with self._queued:
+            self._queued.notify_all()
+
+    def ping(self) -> str:
+        return "ok"

@@ -1,0 +1,37 @@
+"""A job's writes in the actor runtime: each goes to the actor that owns its table.
+
+:class:`RemoteWriter` satisfies ``runtime.job_context.MemoryWriter`` (as
+:class:`runtime.memory.Memory` does in-process): ``add_episode`` goes to the
+Episodes actor, ``add_fact`` to Graph, ``compact`` to Transcript, through the
+typed clients, so the single-writer rule holds for jobs too. A refused write
+raises ``BadRequest`` (a muted source, an unknown kind), as it would in-process.
+"""
+
+from __future__ import annotations
+
+from actors.handles import CALL_TIMEOUT_S, EpisodesClient, GraphClient, TranscriptClient
+from actors.messages import AddEpisode, AddFact, Compact
+from runtime.episodes import EpisodeIn
+from runtime.facts import FactIn, Resolution
+
+
+class RemoteWriter:
+    def __init__(self, namespace: str, timeout_s: float = CALL_TIMEOUT_S) -> None:
+        self.episodes = EpisodesClient(namespace, timeout_s)
+        self.graph = GraphClient(namespace, timeout_s)
+        self.transcript = TranscriptClient(namespace, timeout_s)
+
+    def add_episode(self, episode: EpisodeIn, writer: str) -> int:
+        return self.episodes.add(AddEpisode(episode=episode, writer=writer)).episode_id
+
+    def add_fact(self, fact: FactIn, writer: str) -> tuple[int, Resolution]:
+        """Write a fact through contradiction resolution. The Graph actor answers
+        the id now current and the action; for ``reinforce`` and ``keep`` that id
+        is the existing fact's (the history row of a lost claim is not reported)."""
+        written = self.graph.add(AddFact(fact=fact, writer=writer))
+        existing = written.fact_id if written.action in ("reinforce", "keep") else None
+        return written.fact_id, Resolution(written.action, existing)
+
+    def compact(self, channel: str, summary: str, watermark: int, writer: str) -> int:
+        return self.transcript.compact(Compact(channel=channel, summary=summary,
+                                               watermark=watermark, writer=writer)).compaction_id

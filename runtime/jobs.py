@@ -1,0 +1,231 @@
+"""The background jobs: which exist, when each may run, and the record of runs.
+
+A job is a plain function (``runtime.job_context.JobFn``) named by
+``"module:function"`` in :data:`JOBS`, imported when it fires, so a job whose
+module is missing or broken is a failed run, never an error at start. The
+settings may add jobs (``jobs.extra``), run after the built-in ones.
+
+Every run is a ``job_runs`` row (migration 0008): inserted when it starts,
+completed with its outcome, the items it did and, for a failure, the
+exception's type and a short message (never memory content). ``job_runs`` is
+the durable "last fired": a job is eligible again ``check_every_s`` after its
+last run started, and, for idle-gated runs, not before the idle gate opens
+(``runtime.idle``). A run left without an outcome by a crash is closed as
+failed when the runner starts again.
+
+The household's activity and presence, the idle gate's inputs, are kept here
+too (``household_activity``, ``presence``; migration 0009), written only by
+the Cron actor.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from runtime.config import JOB_NAMES, Settings
+from runtime.idle import IdleState, Presence, PresenceState
+from runtime.job_context import JobFn, JobResult
+from runtime.store import Row, Store
+
+log = logging.getLogger(__name__)
+
+#: The jobs that exist, in the order a tick runs them.
+JOBS: dict[str, str] = {
+    "consolidate": "runtime.consolidate:run",
+    "facts": "runtime.extract:run",
+    "decay": "runtime.janitor:run",
+}
+#: Known job names that come later ("The subconscious II"): not listed, not run.
+LATER = tuple(name for name in JOB_NAMES if name not in JOBS)
+MAX_ERROR = 300
+
+
+class UnknownJob(ValueError):
+    """No job of that name."""
+
+
+def registry(settings: Settings) -> dict[str, str]:
+    """Every job to run, name -> ``"module:function"``: the built-in ones, then
+    ``jobs.extra``, less ``jobs.disabled``."""
+    off = set(settings.jobs.disabled)
+    return {name: target for name, target in {**JOBS, **settings.jobs.extra}.items()
+            if name not in off}
+
+
+def resolve(target: str) -> JobFn:
+    """The function named ``"module:function"`` (imported now)."""
+    module_name, _, attr = target.partition(":")
+    module = importlib.import_module(module_name)
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise AttributeError(f"{target}: no such function")
+    return cast(JobFn, fn)
+
+
+def error_text(exc: BaseException) -> str:
+    """A failure as it is recorded: the exception's type and the first line of
+    its message, cut short."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+    return text[:MAX_ERROR]
+
+
+# -- the record of runs ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Run:
+    id: int
+    job: str
+    started_at: float
+    ended_at: float | None
+    outcome: str | None  # "ok", "failed", None while running
+    items: int
+    error: str | None
+
+    @classmethod
+    def of(cls, row: Row) -> Run:
+        return cls(id=row["id"], job=row["job"], started_at=row["started_at"],
+                   ended_at=row["ended_at"], outcome=row["outcome"], items=row["items"],
+                   error=row["error"])
+
+
+def start_run(store: Store, job: str, now: float) -> int:
+    with store.write_transaction():
+        store.conn.execute("INSERT INTO job_runs (job, started_at) VALUES (?, ?)", (job, now))
+        return int(store.conn.last_insert_rowid())
+
+
+def end_run(store: Store, run_id: int, now: float, result: JobResult | None = None,
+            error: BaseException | str | None = None) -> Run:
+    """Close a run: ok with ``result``, or failed with ``error``."""
+    if (result is None) == (error is None):
+        raise ValueError("a run ends with a result or an error")
+    if result is not None:
+        values: tuple[Any, ...] = (now, "ok", int(result.items), None)
+    else:
+        text = error if isinstance(error, str) else error_text(cast(BaseException, error))
+        values = (now, "failed", 0, text[:MAX_ERROR])
+    with store.write_transaction():
+        store.conn.execute(
+            "UPDATE job_runs SET ended_at = ?, outcome = ?, items = ?, error = ? WHERE id = ?",
+            (*values, run_id))
+    row = store.row("SELECT * FROM job_runs WHERE id = ?", (run_id,))
+    assert row is not None
+    return Run.of(row)
+
+
+def close_interrupted(store: Store, now: float) -> int:
+    """Mark runs left open by a crash as failed; return how many."""
+    with store.write_transaction():
+        store.conn.execute(
+            "UPDATE job_runs SET ended_at = ?, outcome = 'failed',"
+            " error = 'Interrupted: the runner stopped during the run'"
+            " WHERE outcome IS NULL", (now,))
+        return int(store.conn.changes())
+
+
+def last_runs(store: Store) -> dict[str, Run]:
+    """Each job's latest run."""
+    rows = store.rows(
+        "SELECT r.* FROM job_runs r JOIN (SELECT job, max(id) AS id FROM job_runs"
+        " GROUP BY job) latest ON latest.id = r.id")
+    return {r["job"]: Run.of(r) for r in rows}
+
+
+def get_run(store: Store, run_id: int) -> Run | None:
+    row = store.row("SELECT * FROM job_runs WHERE id = ?", (run_id,))
+    return None if row is None else Run.of(row)
+
+
+def next_eligible_at(last: Run | None, gate: IdleState, check_every_s: float) -> float | None:
+    """When a job may fire next: ``check_every_s`` after its last run started,
+    and not before the idle gate opens (None: now, nothing holds it back)."""
+    times = [t for t in (None if last is None else last.started_at + check_every_s,
+                         gate.eligible_at) if t is not None]
+    return max(times) if times else None
+
+
+def due_jobs(store: Store, names: list[str], gate: IdleState, now: float,
+             check_every_s: float) -> list[str]:
+    """The jobs of ``names`` that may fire at ``now`` (idle-gated)."""
+    if not gate.idle:
+        return []
+    last = last_runs(store)
+    out = []
+    for name in names:
+        at = next_eligible_at(last.get(name), gate, check_every_s)
+        if at is None or at <= now:
+            out.append(name)
+    return out
+
+
+def status(store: Store, names: list[str], gate: IdleState,
+           check_every_s: float) -> list[dict[str, Any]]:
+    """One line per job for ``reverie jobs``."""
+    last = last_runs(store)
+    out = []
+    for name in names:
+        run = last.get(name)
+        out.append({
+            "name": name,
+            "last_outcome": None if run is None else run.outcome,
+            "last_run_at": None if run is None else run.started_at,
+            "next_eligible_at": next_eligible_at(run, gate, check_every_s),
+        })
+    return out
+
+
+def run_job(store: Store, name: str, target: str, now: float,
+            execute: Callable[[str, str], JobResult],
+            clock_now: Callable[[], float] | None = None) -> Run:
+    """Run one job through ``execute(name, target)`` and record it. Whatever
+    ``execute`` raises is logged and recorded as a failed run, never raised."""
+    run_id = start_run(store, name, now)
+    try:
+        result = execute(name, target)
+        if not isinstance(result, JobResult):
+            raise TypeError(f"job {name} returned {type(result).__name__}, not a JobResult")
+    except Exception as exc:
+        log.warning("job %s failed: %s", name, error_text(exc))
+        return end_run(store, run_id, clock_now() if clock_now else now, error=exc)
+    log.info("job %s done: %d items%s", name, result.items,
+             f" ({result.detail})" if result.detail else "")
+    return end_run(store, run_id, clock_now() if clock_now else now, result=result)
+
+
+# -- the idle gate's inputs --------------------------------------------------
+
+
+def load_activity(store: Store) -> float | None:
+    value = store.scalar("SELECT last_at FROM household_activity WHERE id = 1")
+    return None if value is None else float(value)
+
+
+def record_activity(store: Store, at: float) -> float:
+    """Record user activity at ``at`` (never moving it back); return the last."""
+    with store.write_transaction():
+        store.conn.execute(
+            "INSERT INTO household_activity (id, last_at) VALUES (1, ?)"
+            " ON CONFLICT (id) DO UPDATE SET last_at = max(last_at, excluded.last_at)", (at,))
+    last = load_activity(store)
+    assert last is not None
+    return last
+
+
+def load_presence(store: Store) -> dict[str, Presence]:
+    return {r["person"]: Presence(r["state"], r["at"])
+            for r in store.rows("SELECT person, state, at FROM presence")}
+
+
+def record_presence(store: Store, person: str, state: PresenceState, at: float) -> None:
+    """Record a person's presence (an older report than the one kept is ignored)."""
+    with store.write_transaction():
+        store.conn.execute(
+            "INSERT INTO presence (person, state, at) VALUES (?, ?, ?)"
+            " ON CONFLICT (person) DO UPDATE SET state = excluded.state, at = excluded.at"
+            " WHERE excluded.at >= presence.at", (person, state, at))

@@ -1,0 +1,113 @@
+"""``reverie jobs``, ``jobs run``, ``presence`` and ``remind`` against a running runtime
+(``reverie run`` joined to the test session's Ray)."""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REVERIE = [sys.executable, "-m", "actors.cli"]
+NS = "test-cli-jobs"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def reverie(env: dict[str, str], *args: str, timeout: float = 300
+            ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*REVERIE, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def running(ray_instance: str, tmp_path_factory: pytest.TempPathFactory,
+            model_cache: Path) -> Iterator[dict[str, str]]:
+    data = tmp_path_factory.mktemp("cli-jobs-data")
+    config = data / "reverie.toml"
+    # the real jobs are listed; two test jobs are added for the exit codes
+    config.write_text('[jobs]\nextra = { ok = "tests.jobs_for_tests:ok", '
+                      'boom = "tests.jobs_for_tests:boom" }\n')
+    env = {**os.environ, "REVERIE_DATA_DIR": str(data), "REVERIE_CONFIG": str(config),
+           "REVERIE_RUNTIME__NAMESPACE": NS, "REVERIE_EMBEDDER__CACHE_DIR": str(model_cache),
+           "REVERIE_PERSONA__GLOBAL_DIR": str(data / "persona"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                       os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.Popen([*REVERIE, "run", "--address", ray_instance], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or []],
+                     daemon=True).start()
+    seen = []
+    while True:
+        try:
+            line = lines.get(timeout=300)
+        except queue.Empty:
+            proc.kill()
+            pytest.fail(f"reverie run did not start: {''.join(seen)}")
+        seen.append(line)
+        if "Ctrl-C to stop" in line:
+            break
+        assert proc.poll() is None, "".join(seen)
+    yield env
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0
+
+
+def test_jobs_json_shape(running: dict[str, str]) -> None:
+    result = reverie(running, "jobs", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert set(report) == {"jobs", "idle"}
+    assert [j["name"] for j in report["jobs"]] == ["consolidate", "facts", "decay", "ok", "boom"]
+    for job in report["jobs"]:
+        assert set(job) == {"name", "last_outcome", "last_run_at", "next_eligible_at"}
+        assert job["last_outcome"] in ("ok", "failed", None)
+    assert isinstance(report["idle"]["idle"], bool)
+    table = reverie(running, "jobs")
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.splitlines()[0].split()[:2] == ["job", "last"]
+    assert "consolidate" in table.stdout
+
+
+def test_jobs_run_wait_exit_codes(running: dict[str, str]) -> None:
+    ok = reverie(running, "jobs", "run", "ok", "--wait")
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.startswith("ok: ok, 1 items")
+    boom = reverie(running, "jobs", "run", "boom", "--wait")
+    assert boom.returncode == 3 and "RuntimeError: boom" in boom.stderr
+    unknown = reverie(running, "jobs", "run", "nope", "--wait")
+    assert unknown.returncode == 2 and "unknown job 'nope'" in unknown.stderr
+    report = json.loads(reverie(running, "jobs", "--json").stdout)
+    outcomes = {j["name"]: j["last_outcome"] for j in report["jobs"]}
+    assert outcomes["ok"] == "ok" and outcomes["boom"] == "failed"
+    started = reverie(running, "jobs", "run", "ok")
+    assert started.returncode == 0 and "started" in started.stdout
+
+
+def test_presence_resets_and_everyone_away_is_idle(running: dict[str, str]) -> None:
+    home = reverie(running, "presence", "home", "--person", "ana")
+    assert home.returncode == 0, home.stderr
+    idle = json.loads(reverie(running, "jobs", "--json").stdout)["idle"]
+    assert idle["idle"] is False and idle["presence"] == {"ana": "home"}
+    assert reverie(running, "presence", "away", "--person", "ana").returncode == 0
+    idle = json.loads(reverie(running, "jobs", "--json").stdout)["idle"]
+    assert idle["idle"] is True and idle["reason"] == "everyone-away"
+    bad = reverie(running, "presence", "sideways")
+    assert bad.returncode == 2
+
+
+def test_remind(running: dict[str, str]) -> None:
+    made = reverie(running, "remind", "water the plants", "--at", "tomorrow 8:00",
+                   "--channel", "chat")
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.startswith("reminder ") and "on chat at " in made.stdout
+    assert "T08:00" in made.stdout
+    past = reverie(running, "remind", "too late", "--at", "2001-01-01 10:00")
+    assert past.returncode == 2 and "in the past" in past.stderr
