@@ -16,6 +16,7 @@ import argparse
 import hashlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -383,8 +384,10 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
         print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
     idle = report.idle
     if idle.idle:
-        since = _local(idle.idle_since, settings, "ever")
-        print(f"idle since {since} ({idle.reason})")
+        if idle.idle_since is None:
+            print(f"idle: no user activity recorded yet ({idle.reason})")
+        else:
+            print(f"idle since {_local(idle.idle_since, settings)} ({idle.reason})")
     else:
         print(f"active; jobs may run from {_local(idle.eligible_at, settings)}")
     return EXIT_OK
@@ -550,6 +553,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(func(args, settings))
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader went away (`reverie recall … | head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except Exception as exc:
         log.debug("command failed", exc_info=True)
         code, line = _exit_code(exc)
