@@ -111,3 +111,31 @@ def test_remind(running: dict[str, str]) -> None:
     assert "T08:00" in made.stdout
     past = reverie(running, "remind", "too late", "--at", "2001-01-01 10:00")
     assert past.returncode == 2 and "in the past" in past.stderr
+
+
+def test_a_conversation_becomes_episodes_and_facts_through_the_cli(
+        running: dict[str, str], tmp_path: Path) -> None:
+    """Import a two-person conversation of a few hundred turns, run the jobs, and
+    find the layers in status and recall (the Done-when of the subconscious)."""
+    from tests.conversation import write_jsonl
+
+    history = tmp_path / "history.jsonl"
+    assert write_jsonl(history) >= 200
+    before = json.loads(reverie(running, "status", "--json").stdout)["counts"]
+    imported = reverie(running, "import", str(history))
+    assert imported.returncode == 0, imported.stderr
+    consolidated = reverie(running, "jobs", "run", "consolidate", "--wait")
+    assert consolidated.returncode == 0, consolidated.stdout + consolidated.stderr
+    extracted = reverie(running, "jobs", "run", "facts", "--wait")
+    assert extracted.returncode == 0, extracted.stdout + extracted.stderr
+    counts = json.loads(reverie(running, "status", "--json").stdout)["counts"]
+    assert counts["episodes"] - before["episodes"] >= 10, counts
+    assert counts["facts"] - before["facts"] >= 10, counts
+    found = json.loads(reverie(running, "recall", "What did Nora make in her pottery class?",
+                               "--json").stdout)
+    assert any(item["kind"] == "episode" for item in found["items"]), found["items"]
+    moved = json.loads(reverie(running, "recall", "Where does Nora live now?", "--json").stdout)
+    facts = [item["text"] for item in moved["items"] if item["kind"] == "fact"]
+    assert any("York" in text for text in facts), facts
+    jobs = {j["name"]: j for j in json.loads(reverie(running, "jobs", "--json").stdout)["jobs"]}
+    assert jobs["consolidate"]["last_outcome"] == "ok" and jobs["facts"]["last_outcome"] == "ok"
