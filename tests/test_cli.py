@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.reverie_process import start_runtime
 
 REVERIE = [sys.executable, "-m", "actors.cli"]
 NS = "test-cli"
@@ -35,22 +35,7 @@ def reverie(env: dict[str, str], *args: str, stdin: str | None = None,
 def running(ray_instance: str, tmp_path_factory: pytest.TempPathFactory,
             model_cache: Path) -> Iterator[dict[str, str]]:
     env = _env(tmp_path_factory.mktemp("cli-data"), model_cache)
-    proc = subprocess.Popen([*REVERIE, "run", "--address", ray_instance], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or []],
-                     daemon=True).start()
-    seen = []
-    while True:
-        try:
-            line = lines.get(timeout=300)
-        except queue.Empty:
-            proc.kill()
-            pytest.fail(f"reverie run did not start: {''.join(seen)}")
-        seen.append(line)
-        if "Ctrl-C to stop" in line:
-            break
-        assert proc.poll() is None, "".join(seen)
+    proc = start_runtime(env, "--address", ray_instance)
     yield env
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 0

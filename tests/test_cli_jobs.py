@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.reverie_process import start_runtime
 
 REVERIE = [sys.executable, "-m", "actors.cli"]
 NS = "test-cli-jobs"
@@ -39,22 +39,7 @@ def running(ray_instance: str, tmp_path_factory: pytest.TempPathFactory,
            "REVERIE_PERSONA__GLOBAL_DIR": str(data / "persona"),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
                                                        os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.Popen([*REVERIE, "run", "--address", ray_instance], env=env, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or []],
-                     daemon=True).start()
-    seen = []
-    while True:
-        try:
-            line = lines.get(timeout=300)
-        except queue.Empty:
-            proc.kill()
-            pytest.fail(f"reverie run did not start: {''.join(seen)}")
-        seen.append(line)
-        if "Ctrl-C to stop" in line:
-            break
-        assert proc.poll() is None, "".join(seen)
+    proc = start_runtime(env, "--address", ray_instance, cwd=ROOT)
     yield env
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 0

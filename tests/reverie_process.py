@@ -1,0 +1,35 @@
+"""Starting ``reverie run`` in a subprocess for the CLI tests, as a user would."""
+
+from __future__ import annotations
+
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+REVERIE = [sys.executable, "-m", "actors.cli"]
+START_TIMEOUT_S = 300.0
+
+
+def start_runtime(env: dict[str, str], *args: str,
+                  cwd: Path | None = None) -> subprocess.Popen[str]:
+    """``reverie run ARGS`` with ``env``; returns once it says it is running."""
+    proc = subprocess.Popen([*REVERIE, "run", *args], env=env, cwd=cwd,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or []],
+                     daemon=True).start()
+    seen: list[str] = []
+    while True:
+        try:
+            line = lines.get(timeout=START_TIMEOUT_S)
+        except queue.Empty:
+            proc.kill()
+            pytest.fail(f"reverie run did not start: {''.join(seen)}")
+        seen.append(line)
+        if "Ctrl-C to stop" in line:
+            return proc
+        assert proc.poll() is None, "".join(seen)
