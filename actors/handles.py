@@ -68,6 +68,7 @@ from actors.messages import (
     SyncIndex,
     Tick,
     Ticked,
+    TouchEpisodes,
     TurnList,
     TurnReply,
     TurnsAppended,
@@ -260,6 +261,10 @@ class EpisodesClient(ActorClient):
 
     def change(self, msg: ChangeMemory) -> Ack:
         return self.call("change", msg, reply=Ack)
+
+    def touch_async(self, msg: TouchEpisodes) -> Any:
+        """Refresh used episodes without waiting; returns the object ref."""
+        return self.submit("touch", msg)
 
 
 class GraphClient(ActorClient):

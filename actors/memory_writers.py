@@ -23,6 +23,7 @@ from actors.messages import (
     DropFromIndex,
     EpisodeWritten,
     FactWritten,
+    TouchEpisodes,
 )
 from runtime.config import Settings
 from runtime.episodes import EpisodeService
@@ -52,6 +53,13 @@ class EpisodesActor:
             self.recall.drop_async(DropFromIndex(kind="episode", item_id=child))
         self.notify_recall()
         return EpisodeWritten(episode_id=episode_id)
+
+    def touch(self, msg: TouchEpisodes) -> Ack:
+        """Episodes used in an answer: their decay restarts."""
+        msg = accept(TouchEpisodes, msg)
+        moved = self.episodes.touch(msg.ids, self.store.clock.now() if msg.at is None
+                                    else msg.at, "turns")
+        return Ack(detail=f"{moved} episodes refreshed")
 
     def change(self, msg: ChangeMemory) -> Ack:
         """Disable, enable or forget one episode; then bring the index in step."""

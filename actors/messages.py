@@ -245,6 +245,14 @@ class FactWritten(Message):
     action: Literal["insert", "reinforce", "supersede", "keep"]
 
 
+class TouchEpisodes(Message):
+    """These episodes were recalled and used in an answer: their decay restarts
+    (``last_relevant_at``). Fire and forget, from Turns to Episodes."""
+
+    ids: list[int] = Field(min_length=1, max_length=MAX_BATCH)
+    at: float | None = None
+
+
 class ChangeMemory(Message):
     """Disable (hide from recall, reversible), enable, or delete (for good: its
     text, vector and keyword rows go; the write log keeps only that it was

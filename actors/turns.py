@@ -25,13 +25,14 @@ from contextlib import contextmanager
 from pydantic import ValidationError
 
 from actors.common import BadRequest, accept, bad_request, setup_logging
-from actors.handles import CronClient, RecallClient, TranscriptClient
+from actors.handles import CronClient, EpisodesClient, RecallClient, TranscriptClient
 from actors.messages import (
     Activity,
     AppendTurns,
     MemoryItem,
     Recall,
     RecentTurns,
+    TouchEpisodes,
     TurnReply,
     UserTurn,
 )
@@ -98,6 +99,7 @@ class TurnsActor:
         self.transcript = TranscriptClient(namespace, CALL_TIMEOUT_S)
         self.recall = RecallClient(namespace, CALL_TIMEOUT_S)
         self.cron = CronClient(namespace, CALL_TIMEOUT_S)
+        self.episodes = EpisodesClient(namespace, CALL_TIMEOUT_S)
         self.channels = ChannelQueue()
 
     def _user_turn_in(self, msg: UserTurn) -> TurnIn:
@@ -159,8 +161,20 @@ class TurnsActor:
             # the reply and its citations: one call, one transaction
             reply_id = self.transcript.append(
                 AppendTurns(turns=[reply], citations=[citations])).ids[0]
+            self._touch_used(memories)
         return TurnReply(turn_id=turn_id, reply_id=reply_id, text=text, citations=citations,
                          provider=provider, recall_degraded=degraded, notice=self.llm.notice)
+
+    def _touch_used(self, memories: list[MemoryItem]) -> None:
+        """The episodes given to the model become relevant again (fire and
+        forget: a turn never waits for it, nor fails for it)."""
+        ids = [m.item_id for m in memories if m.kind == "episode"]
+        if not ids:
+            return
+        try:
+            self.episodes.touch_async(TouchEpisodes(ids=ids, at=self.clock.now()))
+        except Exception as exc:
+            log.debug("cannot refresh used episodes: %s", type(exc).__name__)
 
     def _tell_cron(self) -> None:
         """The user is here: idleness starts again (fire and forget; the turn

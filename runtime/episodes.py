@@ -13,6 +13,7 @@ log keeps only that it existed (:meth:`runtime.store.Store.forget`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -73,6 +74,21 @@ class EpisodeService:
                 self.store.update(writer, "episodes", child,
                                   {"parent_id": episode_id, "tombstoned_at": now})
         return episode_id
+
+    def touch(self, episode_ids: Iterable[int], at: float, writer: str = WRITER) -> int:
+        """Episodes recalled and used in an answer become relevant again: their
+        ``last_relevant_at`` moves to ``at`` (never back), so their decay
+        restarts. Tombstoned or unknown ids are skipped; returns how many moved."""
+        moved = 0
+        with self.store.write_transaction():
+            for episode_id in sorted(set(episode_ids)):
+                row = self.get(episode_id)
+                if row is None or row["tombstoned_at"] is not None \
+                        or row["last_relevant_at"] >= at:
+                    continue
+                self.store.update(writer, "episodes", episode_id, {"last_relevant_at": at})
+                moved += 1
+        return moved
 
     def get(self, episode_id: int) -> Row | None:
         return self.store.get("episodes", episode_id)

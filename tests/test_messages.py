@@ -57,6 +57,7 @@ SAMPLES: list[m.Message] = [
     m.TurnReply(turn_id=1, reply_id=2, text="hi", citations=["turn:1"], provider="offline"),
     m.StatusRequest(),
     m.Status(namespace="reverie", actors={"turns": "ok"}, counts={"transcript": 1}),
+    m.TouchEpisodes(ids=[3, 4], at=9.5),
     # the Cron actor and the jobs
     m.Compact(channel="chat", summary="they talked", watermark=12, writer="consolidate"),
     m.Compacted(compaction_id=3),

@@ -272,3 +272,29 @@ def test_channel_queue_serves_one_channel_in_arrival_order() -> None:
         t.join(timeout=60)
     assert ran == ["a1", "b1", "a2", "a3"]
     assert queue.waiting() == {}
+
+
+def test_an_episode_used_in_an_answer_becomes_relevant_again(runtime: Settings,
+                                                             server: FakeOpenAI) -> None:
+    from actors.handles import EpisodesClient
+    from actors.messages import AddEpisode
+    from runtime.episodes import EpisodeIn
+
+    server.mode = Mode.OK
+    written = EpisodesClient(NS).add(AddEpisode(episode=EpisodeIn(
+        channel="chat", source="user",
+        gist="Ben and Nora spent the afternoon repairing the greenhouse roof with new panels.")))
+    db = Store(runtime.store.path, FactKinds.load(runtime.memory.fact_kinds_file))
+    try:
+        before = db.get("episodes", written.episode_id)
+        assert before is not None
+        reply = say("Did we ever fix the greenhouse roof?")
+        assert f"episode:{written.episode_id}" in reply.citations
+
+        def refreshed() -> bool:
+            row = db.get("episodes", written.episode_id)
+            return row is not None and row["last_relevant_at"] > before["last_relevant_at"]
+
+        assert _wait_for(refreshed, 60)
+    finally:
+        db.close()
