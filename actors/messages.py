@@ -16,6 +16,7 @@ older senders keep working.
 | DropFromIndex      | Recall.drop              | Ack              |
 | FindMemories       | Recall.find              | MemoryMatches    |
 | AddEpisode         | Episodes.add             | EpisodeWritten   |
+| TouchEpisodes      | Episodes.touch           | Ack              |
 | AddFact            | Graph.add                | FactWritten      |
 | ChangeMemory       | owner of the ref .change | Ack              |
 | UserTurn           | Turns.process            | TurnReply        |

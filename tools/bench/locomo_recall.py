@@ -194,8 +194,7 @@ def run_jobs(memory: Memory, clock: ManualClock, at: float) -> dict[str, int]:
     import importlib
 
     settings = memory.settings
-    clock.set(at + settings.jobs.idle_after_s + 1.0) if hasattr(settings, "jobs") else \
-        clock.set(at + 1800.0 + 1.0)
+    clock.set(at + settings.jobs.idle_after_s + 1.0)
     done: dict[str, int] = {}
     for module in SUBCONSCIOUS_JOBS:
         run = importlib.import_module(module).run
