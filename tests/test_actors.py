@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,7 @@ from runtime.fact_kinds import FactKinds
 from runtime.facts import FactIn
 from runtime.store import Store
 from runtime.transcript import MAX_TURN_CHARS, TurnIn
+from tests.waiting import wait_for
 
 NS = "test-actors"
 
@@ -299,20 +300,6 @@ def _stream(run: str, acked: dict[int, int], errors: list[BaseException],
             errors.append(exc)
 
 
-def _wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
-    done = threading.Event()
-    deadline = threading.Timer(timeout, done.set)
-    deadline.start()
-    try:
-        while not done.is_set():
-            if predicate():
-                return True
-            done.wait(0.05)
-        return predicate()
-    finally:
-        deadline.cancel()
-
-
 @pytest.mark.parametrize("victim", ["transcript", "recall"])
 def test_killed_actor_loses_no_acknowledged_turn(runtime: Settings, victim: str) -> None:
     run = uuid.uuid4().hex[:8]  # fresh request ids: every append really writes
@@ -327,7 +314,7 @@ def test_killed_actor_loses_no_acknowledged_turn(runtime: Settings, victim: str)
     stop = threading.Event()
     worker = threading.Thread(target=_stream, args=(run, acked, errors, stop, n))
     worker.start()
-    assert _wait_for(lambda: len(acked) >= 50, timeout=120)
+    assert wait_for(lambda: len(acked) >= 50, timeout=120)
     ray.kill(ray.get_actor(victim, namespace=NS), no_restart=False)  # Ray restarts it
     worker.join(timeout=300)
     stop.set()

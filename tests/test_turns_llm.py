@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -24,6 +24,7 @@ from actors.messages import ChangeMemory, RecentTurns, UserTurn
 from runtime.config import CONFIG_DIR, Settings, load_settings
 from runtime.fact_kinds import FactKinds
 from runtime.store import Store
+from tests.waiting import wait_for
 
 NS = "test-turns-llm"
 NS_ROOMS = "test-turns-rooms"
@@ -106,7 +107,7 @@ def test_failing_model_falls_back_and_then_shows_a_notice(runtime: Settings,
         except Exception:
             return False
 
-    assert _wait_for(back, 120), "the turns actor did not come back"
+    assert wait_for(back, 120), "the turns actor did not come back"
     for attempt in range(3):  # Ray may still call it unavailable for a moment
         try:
             after = say("Is the bin day moved for the holiday?")
@@ -147,20 +148,6 @@ def rooms(ray_instance: str, rooms_server: FakeOpenAI,
     _stop(sup)
 
 
-def _wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
-    done = threading.Event()
-    deadline = threading.Timer(timeout, done.set)  # a deadline for a broken run only
-    deadline.start()
-    try:
-        while not done.is_set():
-            if predicate():
-                return True
-            done.wait(0.05)
-        return predicate()
-    finally:
-        deadline.cancel()
-
-
 def test_a_slow_room_holds_up_no_other_and_keeps_its_own_order(
         rooms: Settings, rooms_server: FakeOpenAI) -> None:
     server = rooms_server
@@ -178,7 +165,7 @@ def test_a_slow_room_holds_up_no_other_and_keeps_its_own_order(
 
     # a second turn in the first room queues behind the first one
     second_ref = turns.submit("process", UserTurn(channel="chat", text=second_text))
-    assert _wait_for(lambda: turns.waiting().get("chat") == 1, timeout=60)
+    assert wait_for(lambda: turns.waiting().get("chat") == 1, timeout=60)
     server.release("slow cooker")
     first, second = ray.get([first_ref, second_ref], timeout=120)
 
@@ -258,11 +245,11 @@ def test_channel_queue_serves_one_channel_in_arrival_order() -> None:
     first.start()
     later: list[threading.Thread] = []
     try:
-        assert _wait_for(lambda: ran == ["a1"], timeout=60)
+        assert wait_for(lambda: ran == ["a1"], timeout=60)
         for name in ("a2", "a3"):
             later.append(threading.Thread(target=turn, args=("a", name), daemon=True))
             later[-1].start()
-            assert _wait_for(partial(lambda n: queue.waiting() == {"a": n}, len(later)),
+            assert wait_for(partial(lambda n: queue.waiting() == {"a": n}, len(later)),
                              timeout=60)
         turn("b", "b1")  # another channel is not held up
         assert ran == ["a1", "b1"]
@@ -295,6 +282,6 @@ def test_an_episode_used_in_an_answer_becomes_relevant_again(runtime: Settings,
             row = db.get("episodes", written.episode_id)
             return row is not None and row["last_relevant_at"] > before["last_relevant_at"]
 
-        assert _wait_for(refreshed, 60)
+        assert wait_for(refreshed, 60)
     finally:
         db.close()
