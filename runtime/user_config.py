@@ -31,6 +31,7 @@ from runtime.config import (
     ConfigError,
     default_user_config_path,
 )
+from runtime.files import write_private
 
 log = logging.getLogger(__name__)
 
@@ -183,20 +184,7 @@ def write_user_config(path: Path | str, force: bool = False) -> Path:
     try:
         created = _make_private_dirs(target.parent)
         if force:
-            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)
-            try:
-                _write(fd, text)
-            except BaseException:
-                os.close(fd)
-                tmp.unlink(missing_ok=True)
-                raise
-            os.close(fd)
-            try:
-                os.replace(tmp, target)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
+            write_private(target, text)  # atomic; a symlink itself is replaced
         else:
             try:
                 fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE)

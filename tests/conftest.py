@@ -14,6 +14,16 @@ from runtime.embedder import Embedder, make_embedder
 from runtime.memory import Memory
 
 
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Loopback servers are reached directly: a proxy from the environment never
+    sits between a test and the local HTTP servers it starts."""
+    for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY",
+                 "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    yield
+
+
 @pytest.fixture(scope="session")
 def model_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("models")

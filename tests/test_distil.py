@@ -51,14 +51,6 @@ LINES = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY",
-                 "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-    yield
-
-
 def ctx_for(memory: Memory, clock: ManualClock, settings: Settings | None = None,
             writer: Any = None) -> JobContext:
     settings = settings or memory.settings

@@ -43,14 +43,9 @@ REQUEST = LLMRequest(
 
 
 @pytest.fixture(autouse=True)
-def _no_proxy_and_quiet_logs(monkeypatch: pytest.MonkeyPatch,
-                             caplog: pytest.LogCaptureFixture) -> Iterator[None]:
-    """The fake listens on 127.0.0.1: never route it through a proxy from the
-    environment. Capture everything runtime.llm logs, and check the key never
-    shows up in it."""
-    for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY",
-                 "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
+def _key_never_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Capture everything runtime.llm logs, and check the key never shows up in
+    it (proxies from the environment are cleared for every test: conftest.py)."""
     caplog.set_level(logging.DEBUG, logger="runtime.llm")
     yield
     assert KEY not in caplog.text

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,14 +24,6 @@ from runtime.llm import (
 from runtime.llm_queue import LLMHealth, PendingEntry, PendingQueue, read_notice
 
 REQUEST = LLMRequest(messages=[ChatMessage(role="user", content="hello")])
-
-
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY",
-                 "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-    yield
 
 
 def entry(key: str, **payload: object) -> PendingEntry:
