@@ -266,7 +266,39 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
             print(f"  {name:<11} {count}")
         if status.notice:
             print(f"notice: {status.notice}")
-    return EXIT_OK if all(s == "ok" for s in status.actors.values()) else EXIT_NO_RUNTIME
+        for line in _edge_lines(status, settings):
+            print(line)
+    return (EXIT_OK if all(s.startswith("ok") for s in status.actors.values())
+            else EXIT_NO_RUNTIME)
+
+
+def _edge_lines(status: Any, settings: Settings) -> Iterator[str]:
+    """``reverie status`` in words: the MQTT bridge, the location history, presence."""
+    from datetime import datetime
+
+    from runtime.clock import household_zone
+
+    zone = household_zone(settings.household.timezone)
+
+    def when(t: float | None) -> str:
+        return "never" if t is None else datetime.fromtimestamp(t, zone).strftime(
+            "%Y-%m-%d %H:%M")
+
+    mqtt = status.mqtt
+    if mqtt is None or not mqtt.configured:
+        yield "mqtt: no broker configured (set mqtt.host); running without the bridge"
+    else:
+        rejected = ", ".join(f"{k} {v}" for k, v in sorted(mqtt.rejected.items())) or "none"
+        state = "connected" if mqtt.connected else "NOT connected"
+        yield (f"mqtt: {state} to {mqtt.broker}; {mqtt.accepted} accepted, {mqtt.stored}"
+               f" stored, rejected: {rejected}" + (f" ({mqtt.error})" if mqtt.error else ""))
+    if status.location is not None:
+        yield f"location: {status.location.fixes} fixes, last {when(status.location.last_fix_at)}"
+    if status.presence:
+        yield "presence:"
+        for person, p in status.presence.items():
+            where = f" ({p.place})" if p.place else ""
+            yield f"  {person:<11} {p.state}{where} since {when(p.since)}"
 
 
 def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -51,7 +51,10 @@ from actors.messages import (
     JobRun,
     JobsReport,
     JobsStatus,
+    PersonPresence,
     Presence,
+    PresenceReport,
+    PresenceRequest,
     Remind,
     Reminded,
     RunJob,
@@ -128,9 +131,18 @@ class CronActor:
 
     def presence(self, msg: Presence) -> Ack:
         msg = accept(Presence, msg)
+        at = self._now(msg.at)
         with self._lock:
-            jobs.record_presence(self.store, msg.person, msg.state, self._now(msg.at))
+            jobs.record_presence(self.store, msg.person, msg.state, at, msg.place, msg.source)
+            if msg.activity:
+                jobs.record_activity(self.store, at)
         return Ack(detail=f"{msg.person} {msg.state}")
+
+    def presence_report(self, msg: PresenceRequest | None = None) -> PresenceReport:
+        """Who is where, and since when (``presence`` of ``reverie status``)."""
+        with self._lock:
+            people = jobs.presence_report(self.store)
+        return PresenceReport(people={p: PersonPresence(**v) for p, v in people.items()})
 
     def _gate(self, now: float) -> IdleState:
         with self._lock:

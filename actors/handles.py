@@ -25,8 +25,10 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 
 from actors.common import (
     CRON,
+    EDGE,
     EMBEDDER,
     EPISODES,
+    GPS,
     GRAPH,
     RECALL,
     SUPERVISOR,
@@ -46,20 +48,29 @@ from actors.messages import (
     Compact,
     Compacted,
     DropFromIndex,
+    EdgeInfo,
+    EdgeRequest,
     Embed,
     Embedded,
     EpisodeWritten,
     FactWritten,
     FindMemories,
+    FixesStored,
     IndexSynced,
     JobRun,
     JobsReport,
     JobsStatus,
+    LocationInfo,
+    LocationRequest,
     MemoryMatches,
     Presence,
+    PresenceReport,
+    PresenceRequest,
+    PublishFix,
     Recall,
     Recalled,
     RecentTurns,
+    RecordFixes,
     Remind,
     Reminded,
     RunJob,
@@ -193,6 +204,14 @@ class TranscriptClient(ActorClient):
     def flush(self) -> Ack:
         return self.call("flush", reply=Ack, retry=True)
 
+    def record_fixes(self, msg: RecordFixes) -> FixesStored:
+        # repeatable: a fix already stored is ignored
+        return self.call("record_fixes", msg, reply=FixesStored, retry=True)
+
+    def location(self, timeout: float | None = None) -> LocationInfo:
+        return self.call("location", LocationRequest(), reply=LocationInfo, retry=True,
+                         timeout=timeout)
+
 
 class RecallClient(ActorClient):
     name = RECALL
@@ -312,6 +331,28 @@ class CronClient(ActorClient):
 
     def remind(self, msg: Remind) -> Reminded:
         return self.call("remind", msg, reply=Reminded)
+
+    def presence_report(self, timeout: float | None = None) -> PresenceReport:
+        return self.call("presence_report", PresenceRequest(), reply=PresenceReport,
+                         retry=True, timeout=timeout)
+
+
+class EdgeClient(ActorClient):
+    """The MQTT bridge (running only when ``mqtt.host`` is set)."""
+
+    name = EDGE
+
+    def stats(self, timeout: float | None = None) -> EdgeInfo:
+        return self.call("stats", EdgeRequest(), reply=EdgeInfo, retry=True, timeout=timeout)
+
+    def publish_fix_async(self, msg: PublishFix) -> Any:
+        return self.submit("publish_fix", msg)
+
+
+class GpsClient(ActorClient):
+    """The GPS reader (running only when ``gps.enabled``)."""
+
+    name = GPS
 
 
 class SupervisorClient(ActorClient):

@@ -28,6 +28,11 @@ older senders keep working.
 | JobsStatus         | Cron.status              | JobsReport       |
 | RunJob             | Cron.run                 | JobRun           |
 | Remind             | Cron.remind              | Reminded         |
+| PresenceRequest    | Cron.presence_report     | PresenceReport   |
+| RecordFixes        | Transcript.record_fixes  | FixesStored      |
+| LocationRequest    | Transcript.location      | LocationInfo     |
+| EdgeRequest        | Edge.stats               | EdgeInfo         |
+| PublishFix         | Edge.publish_fix         | Ack              |
 
 ``ChangeMemory`` goes to the actor that owns the ref's kind
 (``actors.common.OWNERS``: ``turn:`` Transcript, ``episode:`` Episodes,
@@ -299,6 +304,9 @@ class Status(Message):
     actors: dict[str, str]
     counts: dict[str, int]
     notice: str | None = None
+    mqtt: EdgeInfo | None = None
+    location: LocationInfo | None = None
+    presence: dict[str, PersonPresence] | None = None  # person -> where, since when
 
 
 
@@ -328,11 +336,16 @@ class Activity(Message):
 
 
 class Presence(Message):
-    """Someone came home or left; everyone away counts as idle."""
+    """Someone came home or left (or moved to another room or zone); everyone
+    away counts as idle. ``activity``: someone is active at home right now
+    (motion, occupancy), which resets idleness like a user turn."""
 
     person: str = Field(default="household", min_length=1, max_length=80)
     state: Literal["home", "away"]
     at: float | None = Field(default=None, allow_inf_nan=False)
+    place: str | None = Field(default=None, max_length=80)
+    source: str | None = Field(default=None, max_length=40)
+    activity: bool = False
 
 
 class Tick(Message):
@@ -415,3 +428,89 @@ class Reminded(Message):
     due_at: float
     due_local: str  # the due time in the household's zone, ISO 8601
     channel: str
+
+
+# -- the edge: location and presence (device/) ---------------------------------
+
+class Fix(BaseModel):
+    """One position fix (``device.records.LocationRecord`` on the wire)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    person: str = Field(min_length=1, max_length=80)
+    lat: float = Field(ge=-90.0, le=90.0, allow_inf_nan=False)
+    lon: float = Field(ge=-180.0, le=180.0, allow_inf_nan=False)
+    at: float = Field(allow_inf_nan=False)
+    source: str = Field(min_length=1, max_length=40)
+    accuracy_m: float | None = Field(default=None, ge=0.0, allow_inf_nan=False)
+    device: str | None = Field(default=None, max_length=200)
+    place: str | None = Field(default=None, max_length=200)
+    event: str | None = Field(default=None, max_length=20)
+
+
+class RecordFixes(Message):
+    """Store fixes in the location history and back-fill user turns from them."""
+
+    fixes: list[Fix] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class FixesStored(Message):
+    stored: int       # new fixes (one already stored is ignored)
+    backfilled: int   # transcript rows that took a location
+
+
+class LocationRequest(Message):
+    pass
+
+
+class LocationInfo(Message):
+    fixes: int
+    last_fix_at: float | None
+
+
+class PresenceRequest(Message):
+    pass
+
+
+class PersonPresence(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    state: Literal["home", "away"]
+    place: str | None
+    source: str | None
+    since: float
+    reported_at: float
+
+
+class PresenceReport(Message):
+    people: dict[str, PersonPresence]
+
+
+class EdgeRequest(Message):
+    pass
+
+
+class EdgeInfo(Message):
+    """``mqtt`` of ``reverie status --json``."""
+
+    configured: bool
+    connected: bool
+    accepted: int = 0
+    rejected: dict[str, int] = Field(default_factory=dict)
+    stored: int = 0
+    pending: int = 0
+    broker: str | None = None
+    connects: int = 0
+    disconnects: int = 0
+    last_message_at: float | None = None
+    last_connect_at: float | None = None
+    error: str | None = None
+
+
+class PublishFix(Message):
+    """Publish a GPS fix on Reverie's own topic (``<prefix>/gps/<person>``)."""
+
+    fix: Fix
+
+
+Status.model_rebuild()

@@ -10,36 +10,42 @@ that created it) stops them all.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import ray
 
 from actors.common import (
-    ACTORS,
     CRON,
+    EDGE,
     EMBEDDER,
     EPISODES,
+    GPS,
     GRAPH,
     RECALL,
     SUPERVISOR,
     TRANSCRIPT,
     TURNS,
+    actors_for,
     setup_logging,
 )
 from actors.cron import CronActor
+from actors.edge import EdgeActor, GpsActor
 from actors.embedder import EmbedderActor
 from actors.handles import (
     ActorClient,
     CronClient,
+    EdgeClient,
     EmbedderClient,
     EpisodesClient,
+    GpsClient,
     GraphClient,
     RecallClient,
     TranscriptClient,
     TurnsClient,
 )
 from actors.memory_writers import EpisodesActor, GraphActor
-from actors.messages import Status, StatusRequest
+from actors.messages import EdgeInfo, Status, StatusRequest
 from actors.recall import RecallActor
 from actors.transcript import TranscriptActor
 from actors.turns import TurnsActor
@@ -47,19 +53,22 @@ from runtime.config import Settings
 from runtime.llm_queue import read_notice
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CLASSES: dict[str, type] = {
     EMBEDDER: EmbedderActor, TRANSCRIPT: TranscriptActor, RECALL: RecallActor,
     EPISODES: EpisodesActor, GRAPH: GraphActor, TURNS: TurnsActor, CRON: CronActor,
+    EDGE: EdgeActor, GPS: GpsActor,
 }
 CLIENTS: dict[str, type[ActorClient]] = {
     EMBEDDER: EmbedderClient, TRANSCRIPT: TranscriptClient, RECALL: RecallClient,
     EPISODES: EpisodesClient, GRAPH: GraphClient, TURNS: TurnsClient, CRON: CronClient,
+    EDGE: EdgeClient, GPS: GpsClient,
 }
 # Calls a restarted actor may safely see again: appends carry request ids,
 # recall and embedding are reads.
 RETRIES: dict[str, int] = {EMBEDDER: 3, TRANSCRIPT: 3, RECALL: 3, EPISODES: 0, GRAPH: 0,
-                           TURNS: 0, CRON: 0}
+                           TURNS: 0, CRON: 0, EDGE: 3, GPS: 0}
 # Turns in progress at once, across channels (the Turns actor is threaded; one
 # channel's turns still run one at a time). Every other actor runs one call at
 # a time: each is the single writer of its tables.
@@ -78,13 +87,16 @@ class Supervisor:
         self.namespace = settings.runtime.namespace
         self.handles: dict[str, Any] = {}
         self.clients: dict[str, ActorClient] = {}
-        for name in ACTORS:  # in dependency order: embedder first, cron last
+        self.names = actors_for(settings)
+        for name in self.names:  # in dependency order: embedder first, then cron, the edge
             self.handles[name] = self._start(name)
             self.clients[name] = CLIENTS[name](self.namespace, handle=self.handles[name])
             self.clients[name].ping(timeout=300)
         self.transcript = TranscriptClient(self.namespace, handle=self.handles[TRANSCRIPT])
         self.recall = RecallClient(self.namespace, handle=self.handles[RECALL])
-        log.info("actors started: %s", ", ".join(ACTORS))
+        self.cron = CronClient(self.namespace, handle=self.handles[CRON])
+        self.edge = EdgeClient(self.namespace, handle=self.handles.get(EDGE))
+        log.info("actors started: %s", ", ".join(self.names))
 
     def _start(self, name: str) -> Any:
         rt = self.settings.runtime
@@ -110,7 +122,26 @@ class Supervisor:
         except Exception as exc:
             log.warning("counts unavailable: %s", type(exc).__name__)
         return Status(namespace=self.namespace, actors=states, counts=counts,
-                      notice=read_notice(self.settings.store.resolved_dir))
+                      notice=read_notice(self.settings.store.resolved_dir),
+                      mqtt=self._mqtt(), location=self._ask(
+                          lambda: self.transcript.location(timeout=PING_TIMEOUT_S)),
+                      presence=self._ask(
+                          lambda: self.cron.presence_report(timeout=PING_TIMEOUT_S).people))
+
+    def _mqtt(self) -> EdgeInfo:
+        if EDGE not in self.handles:
+            return EdgeInfo(configured=False, connected=False,
+                            error="no broker configured (mqtt.host)")
+        info = self._ask(lambda: self.edge.stats(timeout=PING_TIMEOUT_S))
+        return info or EdgeInfo(configured=True, connected=False, error="bridge not answering")
+
+    @staticmethod
+    def _ask(call: Callable[[], T]) -> T | None:
+        try:
+            return call()
+        except Exception as exc:
+            log.warning("status part unavailable: %s", type(exc).__name__)
+            return None
 
     def stop(self) -> None:
         """Save what is cached (the vector indexes), then stop every actor."""
@@ -119,7 +150,13 @@ class Supervisor:
         except Exception as exc:
             log.warning("index save at stop failed (rebuilt from SQLite on start): %s",
                         type(exc).__name__)
-        for name in reversed(ACTORS):
+        for name in (EDGE, GPS):  # the bridge stores what it holds and says offline
+            if name in self.handles:
+                try:
+                    ray.get(self.handles[name].stop.remote(), timeout=30)
+                except Exception as exc:
+                    log.warning("%s did not stop cleanly: %s", name, type(exc).__name__)
+        for name in reversed(self.names):
             if name in self.handles:
                 ray.kill(self.handles[name], no_restart=True)
         self.handles.clear()

@@ -21,11 +21,17 @@ from actors.messages import (
     ChangeMemory,
     Compact,
     Compacted,
+    FixesStored,
+    LocationInfo,
+    LocationRequest,
     RecentTurns,
+    RecordFixes,
     TurnList,
     TurnRow,
     TurnsAppended,
 )
+from device.records import LocationRecord
+from runtime import location
 from runtime.config import Settings
 from runtime.transcript import TranscriptService
 
@@ -36,7 +42,10 @@ class TranscriptActor:
     def __init__(self, settings: Settings) -> None:
         setup_logging(settings, "transcript")
         self.store = open_store(settings)
-        self.transcript = TranscriptService(self.store, load_profiles(settings))
+        # The hub's own GPS fixes locate every speaker's turns (runtime.location).
+        self.hub_person = settings.gps.person if settings.gps.enabled else None
+        self.profiles = load_profiles(settings)
+        self.transcript = TranscriptService(self.store, self.profiles, self.hub_person)
         self.recall = RecallClient(settings.runtime.namespace)
         self.notify_recall = Notifier(self.recall.sync_some_async, "recall.sync_some")
 
@@ -58,6 +67,20 @@ class TranscriptActor:
             raise bad_request(exc) from None
         self.notify_recall()
         return TurnsAppended(ids=ids)
+
+    def record_fixes(self, msg: RecordFixes) -> FixesStored:
+        """Store location fixes (the edge) and back-fill user turns, in one transaction."""
+        msg = accept(RecordFixes, msg)
+        try:
+            fixes = [LocationRecord(**fix.model_dump()) for fix in msg.fixes]
+        except ValueError as exc:
+            raise bad_request(exc) from None
+        done = location.store_fixes(self.store, fixes, self.profiles, self.hub_person)
+        return FixesStored(stored=done.fixes, backfilled=done.backfilled)
+
+    def location(self, msg: LocationRequest | None = None) -> LocationInfo:
+        fixes, last = location.summary(self.store)
+        return LocationInfo(fixes=fixes, last_fix_at=last)
 
     def recent(self, msg: RecentTurns) -> TurnList:
         msg = accept(RecentTurns, msg)

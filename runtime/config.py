@@ -46,7 +46,7 @@ from runtime.clock import household_zone
 
 log = logging.getLogger(__name__)
 
-PACKAGED_FILES = ("reverie.toml", "profiles.toml", "fact_kinds.toml")
+PACKAGED_FILES = ("reverie.toml", "profiles.toml", "fact_kinds.toml", "topics.toml")
 
 
 def _packaged_config_dir() -> Path:
@@ -239,6 +239,70 @@ class JobsSettings(_Section):
         return self
 
 
+ADAPTERS = ("owntracks", "ha_tracker", "ha_person", "ha_binary_sensor", "zigbee2mqtt",
+            "espresense")
+
+
+class MqttTopic(_Section):
+    """One subscription of the topic mapping (``configs/topics.toml``)."""
+
+    pattern: str = Field(min_length=1, max_length=200)  # an MQTT filter: + and # allowed
+    adapter: Literal["owntracks", "ha_tracker", "ha_person", "ha_binary_sensor",
+                     "zigbee2mqtt", "espresense"]
+    # Whose it is. Empty: the adapter's own id (the OwnTracks user, the ESPresense
+    # id, the Home Assistant entity), renamed through ``people`` below.
+    person: str = Field(default="", max_length=80)
+    room: str = Field(default="", max_length=80)  # where a fixed sensor is
+    # The topic's ids this entry reads (id -> person, "" keeps ``person``);
+    # when given, any other id under the pattern is rejected as unknown-topic.
+    names: dict[str, str] = Field(default_factory=dict)
+
+
+class MqttSettings(_Section):
+    """The MQTT bridge (``device/``): location and presence in, Home Assistant out.
+
+    No ``host``: the runtime runs without the bridge and says so."""
+
+    host: str = Field(default="", max_length=255)
+    port: int = Field(default=1883, ge=1, le=65535)
+    tls: bool = False
+    ca_file: Path | None = None
+    cert_file: Path | None = None  # client certificate (with key_file)
+    key_file: Path | None = None
+    username: str | None = None
+    # The NAME of the environment variable holding the password, never the password.
+    password_env: str | None = Field(default=None, pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")
+    client_id: str = Field(default="reverie", pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    topic_prefix: str = Field(default="reverie", pattern=r"^[A-Za-z0-9_./-]{1,64}$")
+    keepalive_s: int = Field(default=30, ge=5, le=3600)
+    reconnect_min_s: float = Field(default=0.5, gt=0, le=60)
+    reconnect_max_s: float = Field(default=30.0, gt=0, le=3600)
+    max_payload_bytes: int = Field(default=16384, ge=256, le=1_048_576)
+    # Fixes and presence older than this, or further ahead, are refused.
+    max_age_s: float = Field(default=30 * 86400.0, gt=0)
+    max_ahead_s: float = Field(default=600.0, ge=0)
+    discovery: bool = True  # Home Assistant MQTT discovery
+    discovery_prefix: str = Field(default="homeassistant", pattern=r"^[A-Za-z0-9_./-]{1,64}$")
+    topics_file: Path = CONFIG_DIR / "topics.toml"
+    # id -> person: the names sensors use, mapped onto the household's people.
+    people: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.host.strip())
+
+
+class GpsSettings(_Section):
+    """A GPS receiver on the hub, read through gpsd. Off unless ``enabled``."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = Field(default=2947, ge=1, le=65535)
+    poll_s: float = Field(default=5.0, gt=0, le=3600)
+    person: str = Field(default="hub", min_length=1, max_length=80)  # whose fixes these are
+    min_mode: int = Field(default=2, ge=2, le=3)  # 2: a 2D fix is enough; 3: 3D only
+
+
 class MemorySettings(_Section):
     profiles_file: Path = CONFIG_DIR / "profiles.toml"
     fact_kinds_file: Path = CONFIG_DIR / "fact_kinds.toml"
@@ -255,6 +319,8 @@ class Settings(_Section):
     persona: PersonaSettings = PersonaSettings()
     household: HouseholdSettings = HouseholdSettings()
     jobs: JobsSettings = JobsSettings()
+    mqtt: MqttSettings = MqttSettings()
+    gps: GpsSettings = GpsSettings()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @model_validator(mode="after")
@@ -263,6 +329,8 @@ class Settings(_Section):
             path: Path = getattr(self.memory, name)
             if not path.expanduser().is_file():
                 raise ValueError(f"memory.{name}: no such file: {path}")
+        if self.mqtt.enabled and not self.mqtt.topics_file.expanduser().is_file():
+            raise ValueError(f"mqtt.topics_file: no such file: {self.mqtt.topics_file}")
         return self
 
 
@@ -325,13 +393,15 @@ def read_toml(path: Path) -> dict[str, Any]:
 
 def _resolve_relative_files(data: dict[str, Any], base: Path) -> None:
     """Paths to other config files are relative to the file that names them."""
-    memory = data.get("memory")
-    if not isinstance(memory, dict):
-        return
-    for name in ("profiles_file", "fact_kinds_file"):
-        value = memory.get(name)
-        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
-            memory[name] = str(base / value)
+    for section, names in (("memory", ("profiles_file", "fact_kinds_file")),
+                           ("mqtt", ("topics_file",))):
+        table = data.get(section)
+        if not isinstance(table, dict):
+            continue
+        for name in names:
+            value = table.get(name)
+            if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+                table[name] = str(base / value)
 
 
 def _home(env: Mapping[str, str]) -> Path | None:

@@ -218,14 +218,33 @@ def record_activity(store: Store, at: float) -> float:
 
 
 def load_presence(store: Store) -> dict[str, Presence]:
-    return {r["person"]: Presence(r["state"], r["at"])
-            for r in store.rows("SELECT person, state, at FROM presence")}
+    """Each person's presence for the idle gate: the state, since it last changed
+    (a repeated report of the same state and place is not an event)."""
+    return {r["person"]: Presence(r["state"], r["since"] if r["since"] is not None else r["at"])
+            for r in store.rows("SELECT person, state, at, since FROM presence")}
 
 
-def record_presence(store: Store, person: str, state: PresenceState, at: float) -> None:
-    """Record a person's presence (an older report than the one kept is ignored)."""
+def presence_report(store: Store) -> dict[str, dict[str, Any]]:
+    """``presence`` of ``reverie status --json``: who is where, and since when."""
+    return {r["person"]: {"state": r["state"], "place": r["place"], "source": r["source"],
+                          "since": r["since"] if r["since"] is not None else r["at"],
+                          "reported_at": r["at"]}
+            for r in store.rows("SELECT person, state, place, source, at, since FROM presence"
+                                " ORDER BY person")}
+
+
+def record_presence(store: Store, person: str, state: PresenceState, at: float,
+                    place: str | None = None, source: str | None = None) -> None:
+    """Record a person's presence. An older report than the one kept is ignored;
+    ``since`` moves only when the state or the place changes."""
     with store.write_transaction():
         store.conn.execute(
-            "INSERT INTO presence (person, state, at) VALUES (?, ?, ?)"
-            " ON CONFLICT (person) DO UPDATE SET state = excluded.state, at = excluded.at"
-            " WHERE excluded.at >= presence.at", (person, state, at))
+            "INSERT INTO presence (person, state, at, place, source, since)"
+            " VALUES (?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT (person) DO UPDATE SET"
+            "  since = CASE WHEN presence.state IS excluded.state"
+            "   AND presence.place IS excluded.place THEN presence.since ELSE excluded.at END,"
+            "  state = excluded.state, at = excluded.at, place = excluded.place,"
+            "  source = excluded.source"
+            " WHERE excluded.at >= presence.at",
+            (person, state, at, place, source, at))

@@ -455,6 +455,38 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX reminders_pending ON reminders (due_at) WHERE fired_at IS NULL;
         """,
     ),
+    (
+        "0010_location_history_and_presence_places",
+        """
+        -- The location history (the edge: OwnTracks, Home Assistant, gpsd),
+        -- written only by the Transcript actor, which back-fills user turns from
+        -- it. Sensor data, not memory: not in the write log. A fix delivered
+        -- twice (MQTT QoS 1 redelivers) is stored once.
+        CREATE TABLE location_fixes (
+            id         INTEGER PRIMARY KEY AUTOINCREMENT,
+            person     TEXT NOT NULL,
+            lat        REAL NOT NULL CHECK (lat BETWEEN -90 AND 90),
+            lon        REAL NOT NULL CHECK (lon BETWEEN -180 AND 180),
+            accuracy_m REAL CHECK (accuracy_m IS NULL OR accuracy_m >= 0),
+            at         REAL NOT NULL,
+            source     TEXT NOT NULL,
+            device     TEXT NOT NULL DEFAULT '',
+            place      TEXT,
+            event      TEXT,
+            stored_at  REAL NOT NULL,
+            UNIQUE (person, source, device, at, lat, lon)
+        );
+        CREATE INDEX location_fixes_time ON location_fixes (at);
+        CREATE INDEX location_fixes_person_time ON location_fixes (person, at);
+
+        -- Presence: where (room or zone), from which source, and since when the
+        -- state or place last changed (``at`` stays the last report).
+        ALTER TABLE presence ADD COLUMN place TEXT;
+        ALTER TABLE presence ADD COLUMN source TEXT;
+        ALTER TABLE presence ADD COLUMN since REAL;
+        UPDATE presence SET since = at;
+        """,
+    ),
 ]
 
 

@@ -20,6 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from runtime.location import live_location
 from runtime.profiles import MemoryProfiles
 from runtime.store import Row, Store
 
@@ -65,9 +66,12 @@ class TurnIn(BaseModel):
 
 
 class TranscriptService:
-    def __init__(self, store: Store, profiles: MemoryProfiles) -> None:
+    def __init__(self, store: Store, profiles: MemoryProfiles,
+                 hub_person: str | None = None) -> None:
         self.store = store
         self.profiles = profiles
+        # Whose GPS fixes are the hub's own (``gps.person``): see runtime.location.
+        self.hub_person = hub_person
 
     def append(self, turn: TurnIn, writer: str = WRITER) -> int:
         """Append one turn; return its id. It is memory (recallable, embedded)
@@ -82,21 +86,25 @@ class TranscriptService:
             return self._insert(turn, writer)
 
     def _insert(self, turn: TurnIn, writer: str) -> int:
-        loc = turn.location
-        memory = self.profiles.for_source(turn.source).remembered
+        profile = self.profiles.for_source(turn.source)
+        created_at = self.store.clock.now() if turn.created_at is None else turn.created_at
+        loc: Location | Row | None = turn.location
+        if loc is None and turn.role == "user" and profile.location:
+            loc = live_location(self.store, turn.speaker, created_at, self.hub_person)
+        where = loc.model_dump() if isinstance(loc, Location) else loc
         return self.store.insert(writer, "transcript", {
             "channel": turn.channel,
             "source": turn.source,
             "role": turn.role,
             "speaker": turn.speaker,
             "content": turn.content,
-            "created_at": self.store.clock.now() if turn.created_at is None else turn.created_at,
-            "lat": loc.lat if loc else None,
-            "lon": loc.lon if loc else None,
-            "accuracy_m": loc.accuracy_m if loc else None,
-            "place": loc.place if loc else None,
+            "created_at": created_at,
+            "lat": where["lat"] if where else None,
+            "lon": where["lon"] if where else None,
+            "accuracy_m": where["accuracy_m"] if where else None,
+            "place": where["place"] if where else None,
             "external_id": turn.external_id,
-            "memory": int(memory),
+            "memory": int(profile.remembered),
             "request_id": turn.request_id,
         })
 

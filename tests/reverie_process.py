@@ -20,8 +20,12 @@ def start_runtime(env: dict[str, str], *args: str,
     proc = subprocess.Popen([*REVERIE, "run", *args], env=env, cwd=cwd,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(x) for x in proc.stdout or []],
-                     daemon=True).start()
+    def pump() -> None:
+        for line in proc.stdout or []:
+            lines.put(line)
+        lines.put("")  # end of output: the process is gone
+
+    threading.Thread(target=pump, daemon=True).start()
     seen: list[str] = []
     while True:
         try:
@@ -29,6 +33,9 @@ def start_runtime(env: dict[str, str], *args: str,
         except queue.Empty:
             proc.kill()
             pytest.fail(f"reverie run did not start: {''.join(seen)}")
+        if not line:
+            proc.wait(30)
+            pytest.fail(f"reverie run exited ({proc.returncode}): {''.join(seen)}")
         seen.append(line)
         if "Ctrl-C to stop" in line:
             return proc

@@ -24,6 +24,11 @@ MATCH = m.MemoryMatch(ref="fact:4", text="user locker: code 4471", created_at=2.
                       disabled=True)
 IDLE = m.IdleInfo(idle=False, idle_since=1.0, eligible_at=1801.0, reason="active",
                   last_activity=1.0, presence={"ana": "home"}, now=5.0)
+FIX = m.Fix(person="ana", lat=38.7, lon=-9.1, at=5.0, source="owntracks", accuracy_m=8.0,
+            device="phone", place="Home", event="enter")
+PERSON = m.PersonPresence(state="home", place="kitchen", source="espresense", since=4.0,
+                          reported_at=6.0)
+
 SAMPLES: list[m.Message] = [
     m.Ack(detail="done"),
     m.AppendTurns(turns=[TurnIn(channel="chat", source="user", content="hi",
@@ -73,6 +78,22 @@ SAMPLES: list[m.Message] = [
     m.RunJob(name="decay", wait=True),
     m.Remind(text="bins", when="tomorrow 8:00", channel="chat"),
     m.Reminded(id=1, due_at=9.0, due_local="2026-11-30T08:00+00:00", channel="chat"),
+    # the edge
+    m.Presence(person="ana", state="home", at=6.0, place="kitchen", source="espresense",
+               activity=True),
+    m.RecordFixes(fixes=[FIX]),
+    m.FixesStored(stored=1, backfilled=2),
+    m.LocationRequest(),
+    m.LocationInfo(fixes=3, last_fix_at=10.0),
+    m.PresenceRequest(),
+    m.PresenceReport(people={"ana": PERSON}),
+    m.EdgeRequest(),
+    m.EdgeInfo(configured=True, connected=True, accepted=3, rejected={"too-large": 1},
+               broker="127.0.0.1:1883"),
+    m.PublishFix(fix=FIX),
+    m.Status(namespace="reverie", actors={"edge": "ok"}, counts={"facts": 1},
+             mqtt=m.EdgeInfo(configured=False, connected=False),
+             location=m.LocationInfo(fixes=0, last_fix_at=None), presence={"ana": PERSON}),
 ]
 
 

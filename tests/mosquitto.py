@@ -1,0 +1,134 @@
+"""A real Mosquitto broker on a free loopback port, and a second client to talk to it."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import paho.mqtt.client as mqtt
+
+MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Broker:
+    """``mosquitto -c`` with persistence in ``workdir``; start, kill and start again."""
+
+    def __init__(self, workdir: Path, port: int | None = None) -> None:
+        self.workdir = workdir
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.conf = workdir / "mosquitto.conf"
+        self.data = persistence_dir()
+        self.conf.write_text(
+            f"listener {self.port} 127.0.0.1\n"
+            "allow_anonymous true\n"
+            "persistence true\n"
+            f"persistence_location {self.data}/\n"
+            "max_queued_messages 100000\n"
+            "log_dest stderr\n"
+            "log_type error\n")
+
+    def start(self) -> Broker:
+        self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
+                return self
+            except OSError:
+                assert self.proc.poll() is None, "mosquitto exited"
+                time.sleep(0.05)
+        raise RuntimeError("mosquitto did not start")
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        """Stop it (SIGTERM: it saves its persistence file first)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self.proc = None
+
+    def remove(self) -> None:
+        self.stop()
+        shutil.rmtree(self.data, ignore_errors=True)
+
+
+def persistence_dir() -> Path:
+    """A directory the broker can write its persistence file to. Started as root,
+    mosquitto drops to the ``mosquitto`` user, which cannot enter pytest's
+    root-only temporary directories (and a save that fails is silent until
+    shutdown), so the directory is its own, under /tmp."""
+    path = Path(tempfile.mkdtemp(prefix="reverie-mosquitto-", dir="/tmp"))
+    if os.geteuid() == 0:
+        try:
+            user = pwd.getpwnam("mosquitto")
+        except KeyError:
+            return path
+        os.chown(path, user.pw_uid, user.pw_gid)
+    return path
+
+
+@contextmanager
+def running_broker(workdir: Path) -> Iterator[Broker]:
+    broker = Broker(workdir).start()
+    try:
+        yield broker
+    finally:
+        broker.remove()
+
+
+class Client:
+    """A second MQTT client: publishes what sensors would, records what it receives."""
+
+    def __init__(self, port: int, client_id: str = "", clean: bool = True) -> None:
+        self.received: list[mqtt.MQTTMessage] = []
+        self._lock = threading.Lock()
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
+                                  clean_session=clean)
+        self.client.on_message = self._on_message
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+
+    def _on_message(self, client: mqtt.Client, userdata: object,
+                    msg: mqtt.MQTTMessage) -> None:
+        with self._lock:
+            self.received.append(msg)
+
+    def subscribe(self, pattern: str, qos: int = 1) -> None:
+        result, _mid = self.client.subscribe(pattern, qos)
+        assert result == mqtt.MQTT_ERR_SUCCESS
+
+    def publish(self, topic: str, payload: bytes | str, qos: int = 1,
+                retain: bool = False) -> None:
+        info = self.client.publish(topic, payload, qos=qos, retain=retain)
+        info.wait_for_publish(timeout=10)
+        assert info.is_published()
+
+    def messages(self, topic_prefix: str = "") -> list[mqtt.MQTTMessage]:
+        with self._lock:
+            return [m for m in self.received if m.topic.startswith(topic_prefix)]
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
