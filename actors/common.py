@@ -27,19 +27,15 @@ TURNS = "turns"
 SUPERVISOR = "supervisor"
 CRON = "cron"
 EDGE = "edge"
-GPS = "gps"
 # Long-lived actors, in start order; Cron (the subconscious' runner) comes last.
 ACTORS = (EMBEDDER, TRANSCRIPT, RECALL, EPISODES, GRAPH, TURNS, CRON)
-# The edge's actors, started after them only when configured: the MQTT bridge
-# (``mqtt.host``) and the GPS reader (``gps.enabled``).
-EDGE_ACTORS = (EDGE, GPS)
 
 
 def actors_for(settings: Settings) -> tuple[str, ...]:
-    """The long-lived actors these settings run, in start order."""
-    extra = tuple(name for name, on in ((EDGE, settings.mqtt.enabled),
-                                        (GPS, settings.gps.enabled)) if on)
-    return ACTORS + extra
+    """The long-lived actors these settings run, in start order: the edge's
+    actor (the MQTT bridge, the GPS reader) only when one of them is configured."""
+    edge = settings.mqtt.enabled or settings.gps.enabled
+    return ACTORS + ((EDGE,) if edge else ())
 
 # Which actor owns (and alone changes) each kind of memory, by ref prefix.
 OWNERS: dict[str, str] = {"turn": TRANSCRIPT, "episode": EPISODES, "fact": GRAPH}

@@ -1,4 +1,4 @@
-"""The edge's actors: the MQTT bridge and the GPS reader (thin; the work is in ``device/``).
+"""The edge's actor: the MQTT bridge and the GPS reader (thin; the work is in ``device/``).
 
 ``EdgeActor`` runs :class:`device.mqtt_bridge.Bridge` when ``mqtt.host`` is
 set. Fixes go to the Transcript actor (the only writer of the location
@@ -7,9 +7,10 @@ idle gate's owner). Both calls are repeatable, so a restarted actor may send
 a batch twice without harm. The Home Assistant state document is assembled
 from the other actors' answers.
 
-``GpsActor`` runs :class:`device.gps.GpsReader` when ``gps.enabled``: each new
-fix goes to the Transcript actor and, when the bridge runs, out on
-``<prefix>/gps/<person>``.
+The same actor runs :class:`device.gps.GpsReader` when ``gps.enabled`` (a
+thread, not an actor of its own: a Ray worker costs ≈ 62 MiB PSS here, and
+the reader is a poll every few seconds): each new fix goes to the Transcript
+actor and, when the bridge runs, out on ``<prefix>/gps/<person>``.
 
 Messages (``actors/messages.py``): ``EdgeRequest``, ``PublishFix``.
 """
@@ -23,10 +24,8 @@ from dataclasses import asdict
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-import ray
-
-from actors.common import EDGE, accept, setup_logging
-from actors.handles import CronClient, EdgeClient, NoActor, TranscriptClient
+from actors.common import EDGE, BadRequest, accept, setup_logging
+from actors.handles import CronClient, TranscriptClient
 from actors.messages import (
     Ack,
     EdgeInfo,
@@ -102,65 +101,70 @@ class _ActorSink:
 
 
 class EdgeActor:
-    def __init__(self, settings: Settings) -> None:
-        from device.mqtt_bridge import Bridge
-        from device.topics import TopicMap
+    """The bridge (with ``mqtt.host``) and the GPS reader (with ``gps.enabled``), in one
+    process: each is a thread; a Ray actor of its own would cost ≈ 62 MiB."""
 
+    def __init__(self, settings: Settings) -> None:
         setup_logging(settings, EDGE)
         self.settings = settings
-        topics = TopicMap.from_settings(settings.mqtt)
-        self.bridge = Bridge(settings.mqtt, topics, _ActorSink(settings),
-                             jobs=list(registry(settings)), version=_version())
-        self.bridge.start()
+        self.bridge: Any = None
+        self.reader: Any = None
+        self.transcript = TranscriptClient(settings.runtime.namespace, CALL_TIMEOUT_S)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if settings.mqtt.enabled:
+            from device.mqtt_bridge import Bridge
+            from device.topics import TopicMap
+
+            self.bridge = Bridge(settings.mqtt, TopicMap.from_settings(settings.mqtt),
+                                 _ActorSink(settings), jobs=list(registry(settings)),
+                                 version=_version())
+            self.bridge.start()
+        if settings.gps.enabled:
+            from device.gps import GpsReader
+
+            self.reader = GpsReader(settings.gps)
+            self._thread = threading.Thread(target=self.reader.run,
+                                            args=(self._stop, self._gps_fix),
+                                            name="gps-reader", daemon=True)
+            self._thread.start()
+
+    def _gps_fix(self, record: LocationRecord) -> None:
+        """A new fix from gpsd: into the location history, and out on MQTT."""
+        fix = as_fix(record)
+        self.transcript.record_fixes(RecordFixes(fixes=[fix]))
+        if self.bridge is not None:
+            self._publish(fix)
+
+    def _publish(self, fix: Fix) -> None:
+        topic = f"{self.settings.mqtt.topic_prefix}/gps/{fix.person}"
+        self.bridge.publish(topic, fix.model_dump(exclude_none=True))
 
     def stats(self, msg: EdgeRequest | None = None) -> EdgeInfo:
+        if self.bridge is None:
+            return EdgeInfo(configured=False, connected=False,
+                            error="no broker configured (mqtt.host)")
         return EdgeInfo(**self.bridge.stats())
 
     def publish_fix(self, msg: PublishFix) -> Ack:
-        fix = accept(PublishFix, msg).fix
-        topic = f"{self.settings.mqtt.topic_prefix}/gps/{fix.person}"
-        self.bridge.publish(topic, fix.model_dump(exclude_none=True))
+        if self.bridge is None:
+            raise BadRequest("no broker configured (mqtt.host)")
+        self._publish(accept(PublishFix, msg).fix)
         return Ack()
 
     def stop(self) -> None:
-        self.bridge.stop()
-
-    def ping(self) -> str:
-        return "ok" if self.bridge.connected else "ok (broker not connected)"
-
-
-class GpsActor:
-    def __init__(self, settings: Settings) -> None:
-        from device.gps import GpsReader
-
-        setup_logging(settings, "gps")
-        self.settings = settings
-        self.transcript = TranscriptClient(settings.runtime.namespace, CALL_TIMEOUT_S)
-        self.reader = GpsReader(settings.gps)
-        self.fixes = 0
-        self._edge: EdgeClient | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self.reader.run, args=(self._stop, self._emit),
-                                        name="gps-reader", daemon=True)
-        self._thread.start()
-
-    def _emit(self, record: LocationRecord) -> None:
-        fix = as_fix(record)
-        self.transcript.record_fixes(RecordFixes(fixes=[fix]))
-        self.fixes += 1
-        if self.settings.mqtt.enabled:
-            try:
-                if self._edge is None:
-                    self._edge = EdgeClient(self.settings.runtime.namespace)
-                self._edge.publish_fix_async(PublishFix(fix=fix))
-            except (NoActor, ray.exceptions.RayError) as exc:
-                self._edge = None
-                log.debug("fix not published: %s", type(exc).__name__)
-
-    def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=10)
-        self.reader.close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self.reader is not None:
+            self.reader.close()
+        if self.bridge is not None:
+            self.bridge.stop()
 
     def ping(self) -> str:
-        return "ok" if self.reader.connected else "ok (gpsd not connected)"
+        problems = []
+        if self.bridge is not None and not self.bridge.connected:
+            problems.append("broker not connected")
+        if self.reader is not None and not self.reader.connected:
+            problems.append("gpsd not connected")
+        return f"ok ({', '.join(problems)})" if problems else "ok"

@@ -28,7 +28,6 @@ from actors.common import (
     EDGE,
     EMBEDDER,
     EPISODES,
-    GPS,
     GRAPH,
     RECALL,
     SUPERVISOR,
@@ -338,7 +337,7 @@ class CronClient(ActorClient):
 
 
 class EdgeClient(ActorClient):
-    """The MQTT bridge (running only when ``mqtt.host`` is set)."""
+    """The edge: the MQTT bridge and the GPS reader (running only when configured)."""
 
     name = EDGE
 
@@ -347,12 +346,6 @@ class EdgeClient(ActorClient):
 
     def publish_fix_async(self, msg: PublishFix) -> Any:
         return self.submit("publish_fix", msg)
-
-
-class GpsClient(ActorClient):
-    """The GPS reader (running only when ``gps.enabled``)."""
-
-    name = GPS
 
 
 class SupervisorClient(ActorClient):

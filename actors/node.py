@@ -27,6 +27,8 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from actors.discovery import (
@@ -87,6 +89,38 @@ def loopback_environment() -> None:
     raylet = sys.modules.get("ray._raylet")
     if raylet is not None:
         raylet.Config.initialize("")
+
+
+@contextmanager
+def hub_node(log_monitor: bool) -> Iterator[None]:
+    """While ``ray.init`` starts our own node: no autoscaler monitor, and a log
+    monitor only when worker logs go to the driver (``log_monitor``).
+
+    A hub is one node that never scales, and ``reverie run`` prints worker logs
+    only with ``--verbose``: those two Ray processes (``monitor.py``, about
+    48 MiB PSS, and ``log_monitor.py``, about 45 MiB, measured with
+    ``tools/bench/footprint.py``) would cost 8 % of the memory budget for
+    nothing. ``ray.init`` has no argument for them, but its node parameters
+    (``ray._private.parameter.RayParams``, the ones ``ray start --no-monitor``
+    sets) do; this sets them on the parameters ``ray.init`` builds, and puts
+    Ray's class back afterwards. What the dashboard loses: the autoscaler's
+    cluster summary (a hub has nothing to autoscale); its logs and actors
+    pages read the files through the dashboard agent, which stays."""
+    from ray._private import parameter
+
+    ray_params = parameter.RayParams
+
+    class HubParams(ray_params):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("no_monitor", True)
+            kwargs.setdefault("include_log_monitor", log_monitor)
+            super().__init__(*args, **kwargs)
+
+    parameter.RayParams = HubParams  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        parameter.RayParams = ray_params  # type: ignore[misc]
 
 
 def join_environment(address: str) -> None:
@@ -155,7 +189,8 @@ def run(settings: Settings, address: str | None = None, verbose: bool = False) -
     from actors import supervisor
 
     print("reverie: starting Ray…", file=sys.stderr, flush=True)
-    ctx: Any = ray.init(**ray_init_args(settings, address, verbose))
+    with nullcontext() if address else hub_node(log_monitor=verbose):
+        ctx: Any = ray.init(**ray_init_args(settings, address, verbose))
     if not address and (wrong := exposed(ctx.address_info)):
         ray.shutdown()
         print(f"reverie: Ray bound the node to {', '.join(wrong)}, not loopback; refusing to"

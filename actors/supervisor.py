@@ -20,7 +20,6 @@ from actors.common import (
     EDGE,
     EMBEDDER,
     EPISODES,
-    GPS,
     GRAPH,
     RECALL,
     SUPERVISOR,
@@ -30,7 +29,7 @@ from actors.common import (
     setup_logging,
 )
 from actors.cron import CronActor
-from actors.edge import EdgeActor, GpsActor
+from actors.edge import EdgeActor
 from actors.embedder import EmbedderActor
 from actors.handles import (
     ActorClient,
@@ -38,7 +37,6 @@ from actors.handles import (
     EdgeClient,
     EmbedderClient,
     EpisodesClient,
-    GpsClient,
     GraphClient,
     RecallClient,
     TranscriptClient,
@@ -58,17 +56,17 @@ T = TypeVar("T")
 CLASSES: dict[str, type] = {
     EMBEDDER: EmbedderActor, TRANSCRIPT: TranscriptActor, RECALL: RecallActor,
     EPISODES: EpisodesActor, GRAPH: GraphActor, TURNS: TurnsActor, CRON: CronActor,
-    EDGE: EdgeActor, GPS: GpsActor,
+    EDGE: EdgeActor,
 }
 CLIENTS: dict[str, type[ActorClient]] = {
     EMBEDDER: EmbedderClient, TRANSCRIPT: TranscriptClient, RECALL: RecallClient,
     EPISODES: EpisodesClient, GRAPH: GraphClient, TURNS: TurnsClient, CRON: CronClient,
-    EDGE: EdgeClient, GPS: GpsClient,
+    EDGE: EdgeClient,
 }
 # Calls a restarted actor may safely see again: appends carry request ids,
 # recall and embedding are reads.
 RETRIES: dict[str, int] = {EMBEDDER: 3, TRANSCRIPT: 3, RECALL: 3, EPISODES: 0, GRAPH: 0,
-                           TURNS: 0, CRON: 0, EDGE: 3, GPS: 0}
+                           TURNS: 0, CRON: 0, EDGE: 3}
 # Turns in progress at once, across channels (the Turns actor is threaded; one
 # channel's turns still run one at a time). Every other actor runs one call at
 # a time: each is the single writer of its tables.
@@ -129,7 +127,7 @@ class Supervisor:
                           lambda: self.cron.presence_report(timeout=PING_TIMEOUT_S).people))
 
     def _mqtt(self) -> EdgeInfo:
-        if EDGE not in self.handles:
+        if EDGE not in self.handles or not self.settings.mqtt.enabled:
             return EdgeInfo(configured=False, connected=False,
                             error="no broker configured (mqtt.host)")
         info = self._ask(lambda: self.edge.stats(timeout=PING_TIMEOUT_S))
@@ -150,12 +148,11 @@ class Supervisor:
         except Exception as exc:
             log.warning("index save at stop failed (rebuilt from SQLite on start): %s",
                         type(exc).__name__)
-        for name in (EDGE, GPS):  # the bridge stores what it holds and says offline
-            if name in self.handles:
-                try:
-                    ray.get(self.handles[name].stop.remote(), timeout=30)
-                except Exception as exc:
-                    log.warning("%s did not stop cleanly: %s", name, type(exc).__name__)
+        if EDGE in self.handles:  # the bridge stores what it holds and says offline
+            try:
+                ray.get(self.handles[EDGE].stop.remote(), timeout=30)
+            except Exception as exc:
+                log.warning("the edge did not stop cleanly: %s", type(exc).__name__)
         for name in reversed(self.names):
             if name in self.handles:
                 ray.kill(self.handles[name], no_restart=True)

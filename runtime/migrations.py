@@ -478,6 +478,9 @@ MIGRATIONS: list[tuple[str, str]] = [
         );
         CREATE INDEX location_fixes_time ON location_fixes (at);
         CREATE INDEX location_fixes_person_time ON location_fixes (person, at);
+        -- The user turns still without a location, by time: what a fix back-fills.
+        CREATE INDEX transcript_unlocated ON transcript (created_at)
+            WHERE lat IS NULL AND role = 'user';
 
         -- Presence: where (room or zone), from which source, and since when the
         -- state or place last changed (``at`` stays the last report).

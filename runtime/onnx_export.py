@@ -35,12 +35,17 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
-import onnx
-from onnx import TensorProto, helper, numpy_helper
+
+if TYPE_CHECKING:
+    import onnx
+
+# ``onnx`` itself is imported only when a graph is built: every actor imports
+# this module through runtime.embedder for its names, and only an export needs
+# the library (a few MiB in each of a dozen processes).
 
 log = logging.getLogger(__name__)
 
@@ -173,10 +178,14 @@ class _GraphBuilder:
     def const(self, arr: npt.NDArray[Any], name: str) -> str:
         if name not in self._seen:
             self._seen.add(name)
+            from onnx import numpy_helper
+
             self.initializers.append(numpy_helper.from_array(arr, name))
         return name
 
     def node(self, op: str, inputs: list[str], hint: str, **attrs: Any) -> str:
+        from onnx import helper
+
         self._count += 1
         out = f"{hint}/{op}_{self._count}"
         self.nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
@@ -236,6 +245,8 @@ def _encoder_layer(g: _GraphBuilder, x: str, mask_bias: str, i: int, cfg: BertCo
 
 def build_model(model_dir: Path) -> onnx.ModelProto:
     """Build the sentence-embedding graph for the BERT model in ``model_dir``."""
+    from onnx import TensorProto, helper
+
     cfg = read_config(model_dir)
     g = _GraphBuilder(_load_weights(model_dir / "model.safetensors"))
     ids, mask, types = INPUT_NAMES
@@ -339,6 +350,8 @@ def export_minilm(model_dir: Path, out_path: Path) -> Path:
     and concurrent exporters of the same model simply race to an identical
     result.
     """
+    import onnx
+
     started = time.monotonic()
     model = build_model(model_dir)
     try:

@@ -112,3 +112,46 @@ def test_without_a_broker_the_runtime_says_so(tmp_path: Path) -> None:
     lines = list(_edge_lines(s, load_settings(env={})))
     assert lines[0].startswith("mqtt: no broker configured")
     assert lines[1] == "location: 0 fixes, last never"
+
+
+def test_the_gps_reader_stores_fixes_and_publishes_them(
+        ray_instance: str, tmp_path: Path, model_cache: Path, broker: Broker) -> None:
+    """gpsd (through gpsfake, replaying a drive) -> the edge's GPS reader -> the location
+    history, and out on ``reverie/gps/<person>`` through the bridge."""
+    import shutil
+    import tempfile
+
+    from tests.test_gps import DATA, Gpsfake, _free_port
+
+    work = Path(tempfile.mkdtemp(prefix="gpsfake-"))  # short: gpsfake's socket path
+    fake = Gpsfake(work)
+    port = _free_port()
+    watcher = Client(broker.port)
+    watcher.subscribe("reverie/gps/#")
+    (tmp_path / "reverie.toml").write_text("")
+    env = {**os.environ, "REVERIE_DATA_DIR": str(tmp_path / "data"),
+           "REVERIE_CONFIG": str(tmp_path / "reverie.toml"),
+           "REVERIE_RUNTIME__NAMESPACE": "test-gps",
+           "REVERIE_EMBEDDER__CACHE_DIR": str(model_cache),
+           "REVERIE_PERSONA__GLOBAL_DIR": str(tmp_path / "persona"),
+           "REVERIE_MQTT__HOST": "127.0.0.1", "REVERIE_MQTT__PORT": str(broker.port),
+           "REVERIE_MQTT__CLIENT_ID": "reverie-gps-test",
+           "REVERIE_GPS__ENABLED": "true", "REVERIE_GPS__PORT": str(port),
+           "REVERIE_GPS__POLL_S": "0.2"}
+    proc = start_runtime(env, "--address", ray_instance, cwd=ROOT)
+    try:
+        # the drive replays once, after the runtime is up (the reader retries until then)
+        fake.start(DATA / "drive.nmea", port)
+        assert wait_for(lambda: status(env)["location"]["fixes"] >= 3, 60), \
+            status(env)  # type: ignore[index]
+        assert status(env)["actors"]["edge"] == "ok"  # type: ignore[index]
+        assert wait_for(lambda: len(watcher.messages("reverie/gps/hub")) >= 1, 30)
+        published = json.loads(watcher.messages("reverie/gps/hub")[0].payload)
+        assert published["source"] == "gpsd" and published["person"] == "hub"
+        assert -90 <= published["lat"] <= 90
+    finally:
+        watcher.close()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+        fake.stop()
+        shutil.rmtree(work, ignore_errors=True)

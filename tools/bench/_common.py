@@ -310,7 +310,7 @@ def local_ray(settings: Settings, dashboard: bool | None = None,
     session directory (logs, sockets) is ours alone and removed afterwards.
     The dashboard port is left to Ray (8265, or the next free one). It listens
     on loopback only, as ``reverie run`` does (``actors.node.loopback_environment``)."""
-    from actors.node import loopback_environment
+    from actors.node import hub_node, loopback_environment
 
     loopback_environment()
     import ray
@@ -318,17 +318,18 @@ def local_ray(settings: Settings, dashboard: bool | None = None,
     rt = settings.runtime
     temp_dir = tempfile.mkdtemp(prefix="rvb-ray-", dir="/tmp")
     started = time.perf_counter()
-    ctx = ray.init(
-        address="local",
-        _node_ip_address="127.0.0.1",
-        _temp_dir=temp_dir,
-        num_cpus=rt.num_cpus,
-        object_store_memory=(object_store_mb or rt.object_store_mb) * MiB,
-        include_dashboard=rt.dashboard if dashboard is None else dashboard,
-        dashboard_host=rt.dashboard_host,
-        logging_level="WARNING",
-        log_to_driver=False,
-    )
+    with hub_node(log_monitor=False):  # as ``reverie run`` starts its node
+        ctx = ray.init(
+            address="local",
+            _node_ip_address="127.0.0.1",
+            _temp_dir=temp_dir,
+            num_cpus=rt.num_cpus,
+            object_store_memory=(object_store_mb or rt.object_store_mb) * MiB,
+            include_dashboard=rt.dashboard if dashboard is None else dashboard,
+            dashboard_host=rt.dashboard_host,
+            logging_level="WARNING",
+            log_to_driver=False,
+        )
     info = {
         "init_s": time.perf_counter() - started,
         "session_dir": ctx.address_info.get("session_dir"),

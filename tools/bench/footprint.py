@@ -34,10 +34,14 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -163,9 +167,36 @@ def populate(ns: str, n: int) -> None:
         pass
 
 
-def run_case(dashboard: bool, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+@contextmanager
+def edge_services(work: Path) -> Iterator[dict[str, Any]]:
+    """A real Mosquitto on a free loopback port for the MQTT bridge to connect to.
+    The GPS reader is switched on too; with no receiver here it polls a gpsd port
+    nobody answers (back-off), which costs the same memory as reading one."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = int(sock.getsockname()[1])
+    conf = work / "mosquitto.conf"
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\n")
+    proc = subprocess.Popen([shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c",
+                             str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(200):
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        yield {"mqtt": {"host": "127.0.0.1", "port": port},
+               "gps": {"enabled": True, "port": 1}}
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def run_case(dashboard: bool, args: argparse.Namespace, work: Path,
+             edge: dict[str, Any] | None = None) -> dict[str, Any]:
     data = work / f"data-{'dash' if dashboard else 'nodash'}"
-    settings = c.make_settings(data)
+    settings = c.make_settings(data, **(edge or {}))
     with c.local_ray(settings, dashboard=dashboard) as info:
         started = time.perf_counter()
         sup = supervisor.start(settings)
@@ -186,7 +217,8 @@ def run_case(dashboard: bool, args: argparse.Namespace, work: Path) -> dict[str,
     return {"dashboard": dashboard, "processes": procs, "n_processes": len(procs),
             "total": totals, "total_without_driver_pss_mib": round(totals["pss_mib"] - driver, 1),
             "actors_ready_s": round(ready_s, 2), "ray_init_s": round(info["init_s"], 2),
-            "dashboard_url": info["dashboard_url"], "memories": args.memories}
+            "dashboard_url": info["dashboard_url"], "memories": args.memories,
+            "edge": bool(edge)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=float, default=2.0, help="seconds between samples")
     ap.add_argument("--memories", type=int, default=0,
                     help="write this many turns through the actors first (default 0)")
+    ap.add_argument("--edge", action="store_true",
+                    help="everything on: the MQTT bridge (a local Mosquitto) and the GPS reader")
     ap.add_argument("--json", dest="json_out", default=None, help="write the figures here")
     args = ap.parse_args(argv)
     wall = time.perf_counter()
@@ -207,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for dash in cases:
             c.log(f"dashboard {'on' if dash else 'off'}: starting Ray and the actors")
-            results.append(run_case(dash, args, work))
+            with edge_services(work) if args.edge else nullcontext() as edge:
+                results.append(run_case(dash, args, work, edge))
             c.log(f"  total PSS {results[-1]['total']['pss_mib']:.0f} MiB in "
                   f"{results[-1]['n_processes']} processes")
     finally:
@@ -223,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                      t["pss_file_mib"], t["pss_shmem_mib"], t["rss_mib"]])
         print(c.table(["process", "pid", "PSS MiB", "anon", "file", "shmem", "RSS MiB"], rows))
     wall_s = time.perf_counter() - wall
-    summary = "; ".join(
+    summary = ("edge on; " if args.edge else "") + "; ".join(
         f"dashboard {'on' if r['dashboard'] else 'off'}: {r['total']['pss_mib']:.0f} MiB PSS "
         f"in {r['n_processes']} processes ({r['total_without_driver_pss_mib']:.0f} without "
         f"the driver)" for r in results)
