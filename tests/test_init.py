@@ -93,13 +93,17 @@ def test_every_commented_setting_is_a_real_setting_at_its_default(tmp_path: Path
     uncommented = [SETTING.sub("", line) for line in lines]
     assert sum(a != b for a, b in zip(lines, uncommented)) > 30
     target.write_text("\n".join(uncommented) + "\n")
-    # the [memory] lines name copies beside the file, as the comment says to make them
-    for name in ("profiles.toml", "fact_kinds.toml"):
+    # the [memory] and [mqtt] file lines name copies beside the file
+    for name in ("profiles.toml", "fact_kinds.toml", "topics.toml"):
         shutil.copy2(CONFIG_DIR / name, tmp_path / name)
     mine = load_settings(target, env={})
     default = load_settings(env={})
     assert mine.memory.profiles_file == tmp_path / "profiles.toml"
-    assert mine.model_copy(update={"memory": default.memory}) == default
+    assert mine.mqtt.topics_file == tmp_path / "topics.toml"
+    assert mine.model_copy(update={
+        "memory": default.memory,
+        "mqtt": mine.mqtt.model_copy(update={"topics_file": default.mqtt.topics_file}),
+    }) == default
     # and every section of the settings is shown in the file
     sections = set(tomllib.loads(target.read_text()))
     assert sections >= set(Settings.model_fields) - {"log_level"}
