@@ -46,8 +46,10 @@ from runtime.config import MqttSettings
 
 log = logging.getLogger(__name__)
 
-BATCH = 500            # records handed to the sink at once, at most
-BATCH_WAIT_S = 0.005   # after the first record, how long to wait for more
+BATCH = 500            # messages handed to the sink at once, at most
+# Accepted messages waiting to be stored, at most; past this, paho's network
+# thread waits, so the broker holds the rest (unacknowledged, not lost).
+QUEUE_MAX = 10_000
 RETRY_S = (0.2, 5.0)   # a failing sink is retried with back-off in this range
 STATE_EVERY_S = 60.0
 
@@ -99,10 +101,11 @@ class Bridge:
         self.ha_status = f"{settings.discovery_prefix}/status"
         self._stats = BridgeStats()
         self._lock = threading.Lock()
-        self._queue: queue.Queue[_Pending] = queue.Queue()
+        self._queue: queue.Queue[_Pending] = queue.Queue(QUEUE_MAX)
         self._stop = threading.Event()
         self._announce = threading.Event()  # discovery + state wanted now
         self._writer: threading.Thread | None = None
+        self._stater: threading.Thread | None = None
         self.client = self._client()
 
     # -- the connection -------------------------------------------------------
@@ -136,6 +139,9 @@ class Bridge:
         self._writer = threading.Thread(target=self._write_loop, name="mqtt-writer",
                                         daemon=True)
         self._writer.start()
+        self._stater = threading.Thread(target=self._state_loop, name="mqtt-state",
+                                        daemon=True)
+        self._stater.start()
         self.client.connect_async(self.settings.host, self.settings.port,
                                   keepalive=self.settings.keepalive_s)
         self.client.loop_start()
@@ -146,6 +152,8 @@ class Bridge:
         self._stop.set()
         if self._writer is not None:
             self._writer.join(timeout)
+        if self._stater is not None:
+            self._stater.join(timeout)
         try:
             if self.connected:
                 info = self.client.publish(self.availability, "offline", qos=1, retain=True)
@@ -220,22 +228,22 @@ class Bridge:
     # -- the writer -----------------------------------------------------------
 
     def _take(self, first_wait: float) -> list[_Pending]:
+        """The first waiting message (up to ``first_wait`` s), then whatever else is
+        already waiting, without waiting more: a broker that keeps its in-flight
+        window sends no more until these are acknowledged."""
         try:
-            batch = [self._queue.get(timeout=first_wait)]
+            batch = [self._queue.get(timeout=first_wait) if first_wait > 0
+                     else self._queue.get_nowait()]
         except queue.Empty:
             return []
-        deadline = time.monotonic() + BATCH_WAIT_S
         while len(batch) < BATCH:
-            left = deadline - time.monotonic()
             try:
-                batch.append(self._queue.get(timeout=left) if left > 0
-                             else self._queue.get_nowait())
+                batch.append(self._queue.get_nowait())
             except queue.Empty:
                 break
         return batch
 
     def _write_loop(self) -> None:
-        next_state = 0.0
         while True:
             stopping = self._stop.is_set()
             batch = self._take(0.0 if stopping else 0.25)
@@ -243,11 +251,21 @@ class Bridge:
                 self._store(batch)
             elif stopping:
                 return
-            if self._announce.is_set() or time.monotonic() >= next_state:
-                if self.connected:
-                    self._publish_state(discovery=self._announce.is_set())
-                    self._announce.clear()
-                    next_state = time.monotonic() + self.state_every_s
+
+    def _state_loop(self) -> None:
+        """Discovery and the state document, on a thread of their own: gathering
+        the state takes calls to other actors, which must not hold up storing."""
+        next_state = 0.0
+        while not self._stop.is_set():
+            wanted = self._announce.is_set()
+            if (wanted or time.monotonic() >= next_state) and self.connected:
+                self._announce.clear()  # one asked for while publishing is not lost
+                self._publish_state(discovery=wanted)
+                next_state = time.monotonic() + self.state_every_s
+            elif wanted:  # not connected yet: on_connect announces again
+                self._stop.wait(0.5)
+            else:
+                self._announce.wait(1.0)
 
     def _store(self, batch: list[_Pending]) -> None:
         fixes = [r for p in batch for r in p.records if isinstance(r, LocationRecord)]

@@ -42,8 +42,8 @@ def store_fixes(store: Store, fixes: Sequence[LocationRecord], profiles: MemoryP
                 hub_person: str | None = None) -> Stored:
     """Store ``fixes`` and back-fill user turns, in one write transaction."""
     added = filled = 0
-    now = store.clock.now()
     with store.write_transaction():
+        now = store.clock.now()  # once the write lock is held
         for fix in fixes:
             store.conn.execute(
                 "INSERT OR IGNORE INTO location_fixes (person, lat, lon, accuracy_m, at,"

@@ -5,7 +5,8 @@ publish-to-stored-row delay, against Mosquitto's own round trip in the same run.
 Usage:
     tools/bench/mqtt_ingest.py [--messages 20000] [--warmup 500] [--rate 500,2000]
                                [--paced-s 5] [--publishers 1] [--inflight 1000]
-                               [--broker-inflight 20] [--poll-ms 2] [--no-stages]
+                               [--broker-inflight 20] [--tcp-nodelay] [--poll-ms 2]
+                               [--no-stages]
                                [--dashboard] [--json OUT.json]
 
 (``--rate`` takes a comma-separated list: default ``500,2000``, the second
@@ -13,7 +14,8 @@ being the goal rate.)
 
 Setup. A real Mosquitto on a free loopback port (``persistence false``,
 ``max_queued_messages 100000`` like tests/mosquitto.py, ``max_inflight_messages``
-from ``--broker-inflight``: 20 is Mosquitto's default); a private local Ray node
+from ``--broker-inflight``: 20 is Mosquitto's default; ``set_tcp_nodelay`` off,
+its default, unless ``--tcp-nodelay``); a private local Ray node
 and the full actor runtime on a fresh store, ``mqtt.host/port`` pointing at the
 broker (the Edge actor runs the bridge; fixes reach the Transcript actor's
 ``record_fixes``). The bench waits until ``EdgeClient.stats().connected`` and a
@@ -120,7 +122,7 @@ class Broker:
     """Mosquitto on a free loopback port, no persistence (nothing to keep), so no
     directory the ``mosquitto`` user must be able to enter (tests/mosquitto.py)."""
 
-    def __init__(self, workdir: Path, inflight: int) -> None:
+    def __init__(self, workdir: Path, inflight: int, nodelay: bool = False) -> None:
         self.port = free_port()
         self.conf = workdir / "mosquitto.conf"
         self.conf.write_text(
@@ -129,6 +131,7 @@ class Broker:
             "persistence false\n"
             "max_queued_messages 100000\n"
             f"max_inflight_messages {inflight}\n"
+            f"set_tcp_nodelay {'true' if nodelay else 'false'}\n"
             "log_dest stderr\n"
             "log_type error\n")
         self.proc: subprocess.Popen[bytes] | None = None
@@ -371,6 +374,27 @@ def baseline(port: int, n: int, inflight: int, rate: float | None,
 TICK = os.sysconf("SC_CLK_TCK")
 
 
+def _descendants(root: int) -> list[int]:
+    """``root``'s descendants (by parent pid in /proc): this driver's own Ray node
+    (raylet, workers), never another instance running on the machine."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rfind(")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    found, stack = [], [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return sorted(found)
+
+
 def find_pids(broker: Broker) -> dict[str, int]:
     """The processes on a message's path: this driver (the publisher), Mosquitto,
     the Edge and Transcript actors (by Ray's process titles), the raylet."""
@@ -379,18 +403,16 @@ def find_pids(broker: Broker) -> dict[str, int]:
         pids["mosquitto"] = broker.proc.pid
     wanted = {"ray::EdgeActor": "Edge actor (bridge)",
               "ray::TranscriptActor": "Transcript actor (store)"}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for pid in _descendants(os.getpid()):
         try:
-            line = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[0].decode()
+            line = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
         except (OSError, UnicodeDecodeError):
             continue
         for prefix, name in wanted.items():
             if line.startswith(prefix) and name not in pids:
-                pids[name] = int(entry)
+                pids[name] = pid
         if line.endswith("/raylet") and "raylet" not in pids:
-            pids["raylet"] = int(entry)
+            pids["raylet"] = pid
     return pids
 
 
@@ -572,9 +594,9 @@ def wait_connected(edge: EdgeClient, timeout: float) -> float:
 
 
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    broker = Broker(work, args.broker_inflight).start()
+    broker = Broker(work, args.broker_inflight, args.tcp_nodelay).start()
     c.log(f"mosquitto on 127.0.0.1:{broker.port} (max_inflight_messages "
-          f"{args.broker_inflight})")
+          f"{args.broker_inflight}, set_tcp_nodelay {args.tcp_nodelay})")
     pubs: list[Publisher] = []
     poller: Poller | None = None
     try:
@@ -721,6 +743,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--broker-inflight", type=int, default=20,
                     help="mosquitto max_inflight_messages per client (20: its default;"
                          " 0: no limit)")
+    ap.add_argument("--tcp-nodelay", action="store_true",
+                    help="mosquitto set_tcp_nodelay true (its default is false: Nagle on)")
     ap.add_argument("--poll-ms", type=float, default=2.0,
                     help="how often the read-only connection looks for new rows")
     ap.add_argument("--timeout", type=float, default=90.0, help="per-phase wait, seconds")
