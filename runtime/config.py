@@ -303,6 +303,40 @@ class GpsSettings(_Section):
     min_mode: int = Field(default=2, ge=2, le=3)  # 2: a 2D fix is enough; 3: 3D only
 
 
+class ReplicaSettings(_Section):
+    """Litestream replication of the store (``device/replicator.py``). No ``url``: none.
+
+    ``url``: ``file:///path/to/dir`` or ``s3://bucket/path``. For S3 (and
+    S3-compatible servers: MinIO, Garage, moto), ``endpoint`` and ``region``,
+    and the NAMES of the environment variables holding the credentials (never
+    the credentials themselves)."""
+
+    url: str = Field(default="", max_length=1000)
+    endpoint: str = Field(default="", max_length=1000)
+    region: str = Field(default="", max_length=100)
+    access_key_id_env: str = Field(default="AWS_ACCESS_KEY_ID",
+                                   pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    secret_access_key_env: str = Field(default="AWS_SECRET_ACCESS_KEY",
+                                       pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    force_path_style: bool = True      # S3-compatible servers on a host:port
+    sync_interval_s: float = Field(default=1.0, gt=0, le=3600)
+    restore_on_boot: bool = True       # a missing database is restored before start
+    max_lag_s: float = Field(default=60.0, gt=0)  # `backup verify` tolerates this much
+    binary: str = ""                   # the litestream binary; empty: the packaged one
+
+    @field_validator("url")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        value = value.strip()
+        if value and not value.startswith(("file:///", "s3://")):
+            raise ValueError("a replica url is file:///absolute/path or s3://bucket/path")
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.url)
+
+
 class MemorySettings(_Section):
     profiles_file: Path = CONFIG_DIR / "profiles.toml"
     fact_kinds_file: Path = CONFIG_DIR / "fact_kinds.toml"
@@ -321,6 +355,7 @@ class Settings(_Section):
     jobs: JobsSettings = JobsSettings()
     mqtt: MqttSettings = MqttSettings()
     gps: GpsSettings = GpsSettings()
+    replica: ReplicaSettings = ReplicaSettings()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @model_validator(mode="after")
