@@ -52,7 +52,6 @@ class Remote:
         self.transcript = handles.TranscriptClient(ns, timeout_s)
         self.recall = handles.RecallClient(ns, timeout_s)
         self.graph = handles.GraphClient(ns, timeout_s)
-        self.supervisor = handles.SupervisorClient(ns, timeout_s)
         self.cron = handles.CronClient(ns, timeout_s)
         self.timeout_s = timeout_s
 
@@ -253,9 +252,10 @@ def cmd_enable(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    from actors.messages import StatusRequest
+    from actors.status import gather_status
 
-    status = Remote(settings).supervisor.status(StatusRequest())
+    Remote(settings)  # joins the runtime's Ray
+    status = gather_status(settings)
     if args.json:
         print(status.model_dump_json())
     else:

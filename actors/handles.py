@@ -30,7 +30,6 @@ from actors.common import (
     EPISODES,
     GRAPH,
     RECALL,
-    SUPERVISOR,
     TRANSCRIPT,
     TURNS,
     BadRequest,
@@ -73,8 +72,6 @@ from actors.messages import (
     Remind,
     Reminded,
     RunJob,
-    Status,
-    StatusRequest,
     SyncIndex,
     Tick,
     Ticked,
@@ -346,16 +343,6 @@ class EdgeClient(ActorClient):
 
     def publish_fix_async(self, msg: PublishFix) -> Any:
         return self.submit("publish_fix", msg)
-
-
-class SupervisorClient(ActorClient):
-    name = SUPERVISOR
-
-    def status(self, msg: StatusRequest | None = None) -> Status:
-        return self.call("status", msg or StatusRequest(), reply=Status, retry=True)
-
-    def stop(self, timeout: float | None = None) -> None:
-        self.call("stop", reply=type(None), timeout=timeout)
 
 
 OWNER_CLIENTS: dict[str, type[TranscriptClient | EpisodesClient | GraphClient]] = {

@@ -20,7 +20,7 @@ older senders keep working.
 | AddFact            | Graph.add                | FactWritten      |
 | ChangeMemory       | owner of the ref .change | Ack              |
 | UserTurn           | Turns.process            | TurnReply        |
-| StatusRequest      | Supervisor.status        | Status           |
+| StatusRequest      | (actors.status, no actor) | Status          |
 | Compact            | Transcript.compact       | Compacted        |
 | Activity           | Cron.activity            | Ack              |
 | Presence           | Cron.presence            | Ack              |

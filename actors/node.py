@@ -44,7 +44,6 @@ from runtime.config import Settings
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
-PING_EVERY_S = 5.0
 EXIT_EXPOSED = 3
 
 # Read by ``ray._private.ray_constants`` when Ray is imported: with Ray's
@@ -212,14 +211,11 @@ def run(settings: Settings, address: str | None = None, verbose: bool = False) -
             print(f"reverie: dashboard http://{ctx.dashboard_url} (token in "
                   f"{token_path(settings)})")
         print("reverie: Ctrl-C to stop", flush=True)
-        while not stop.wait(PING_EVERY_S):
-            try:
-                ray.get(sup.ping.remote(), timeout=30)
-            except Exception as exc:
-                log.error("supervisor not answering: %s", type(exc).__name__)
+        while not stop.wait(1.0):  # a timeout keeps the main thread waking for signals
+            pass
         print("reverie: stopping…", file=sys.stderr, flush=True)
         try:
-            ray.get(sup.stop.remote(), timeout=120)
+            sup.stop()
         except Exception as exc:
             log.warning("clean stop failed: %s", type(exc).__name__)
     finally:

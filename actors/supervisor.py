@@ -3,14 +3,18 @@
 Every actor is a named actor in the household's namespace (so the Ray
 dashboard shows who is who), created with ``max_restarts`` so Ray restarts it
 after a crash; a restarted actor re-runs its constructor and rebuilds its
-state from SQLite. The Supervisor owns the actors: stopping it (or the driver
-that created it) stops them all.
+state from SQLite.
+
+The Supervisor is a plain object in the process that starts the runtime (the
+``reverie run`` driver), not an actor: it answers no calls (``reverie status``
+asks the actors themselves, :func:`gather_status`), and a Ray worker of its
+own cost ≈ 62 MiB PSS of the hub's 1.2 GiB for nothing the driver could not
+do. The driver owns the actors: when it stops (or dies), they stop.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import ray
@@ -22,11 +26,9 @@ from actors.common import (
     EPISODES,
     GRAPH,
     RECALL,
-    SUPERVISOR,
     TRANSCRIPT,
     TURNS,
     actors_for,
-    setup_logging,
 )
 from actors.cron import CronActor
 from actors.edge import EdgeActor
@@ -43,12 +45,12 @@ from actors.handles import (
     TurnsClient,
 )
 from actors.memory_writers import EpisodesActor, GraphActor
-from actors.messages import EdgeInfo, Status, StatusRequest
+from actors.messages import Status
 from actors.recall import RecallActor
+from actors.status import gather_status
 from actors.transcript import TranscriptActor
 from actors.turns import TurnsActor
 from runtime.config import Settings
-from runtime.llm_queue import read_notice
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -80,7 +82,6 @@ PING_TIMEOUT_S = 10.0
 
 class Supervisor:
     def __init__(self, settings: Settings) -> None:
-        setup_logging(settings, SUPERVISOR)
         self.settings = settings
         self.namespace = settings.runtime.namespace
         self.handles: dict[str, Any] = {}
@@ -106,40 +107,8 @@ class Supervisor:
             max_concurrency=MAX_CONCURRENCY.get(name, 1),
         ).remote(self.settings)
 
-    def status(self, msg: StatusRequest | None = None) -> Status:
-        states: dict[str, str] = {}
-        pings = {name: h.ping.remote() for name, h in self.handles.items()}  # all at once
-        for name, ref in pings.items():
-            try:
-                states[name] = ray.get(ref, timeout=PING_TIMEOUT_S)
-            except Exception as exc:
-                states[name] = f"down: {type(exc).__name__}"
-        counts: dict[str, int] = {}
-        try:
-            counts = self.transcript.counts(timeout=PING_TIMEOUT_S)
-        except Exception as exc:
-            log.warning("counts unavailable: %s", type(exc).__name__)
-        return Status(namespace=self.namespace, actors=states, counts=counts,
-                      notice=read_notice(self.settings.store.resolved_dir),
-                      mqtt=self._mqtt(), location=self._ask(
-                          lambda: self.transcript.location(timeout=PING_TIMEOUT_S)),
-                      presence=self._ask(
-                          lambda: self.cron.presence_report(timeout=PING_TIMEOUT_S).people))
-
-    def _mqtt(self) -> EdgeInfo:
-        if EDGE not in self.handles or not self.settings.mqtt.enabled:
-            return EdgeInfo(configured=False, connected=False,
-                            error="no broker configured (mqtt.host)")
-        info = self._ask(lambda: self.edge.stats(timeout=PING_TIMEOUT_S))
-        return info or EdgeInfo(configured=True, connected=False, error="bridge not answering")
-
-    @staticmethod
-    def _ask(call: Callable[[], T]) -> T | None:
-        try:
-            return call()
-        except Exception as exc:
-            log.warning("status part unavailable: %s", type(exc).__name__)
-            return None
+    def status(self) -> Status:
+        return gather_status(self.settings)
 
     def stop(self) -> None:
         """Save what is cached (the vector indexes), then stop every actor."""
@@ -163,12 +132,6 @@ class Supervisor:
         return "ok"
 
 
-def start(settings: Settings) -> Any:
-    """Start the Supervisor (which starts everything else); return its handle."""
-    cls: Any = ray.remote(Supervisor)
-    handle = cls.options(
-        name=SUPERVISOR, namespace=settings.runtime.namespace, num_cpus=0,
-        max_restarts=0, get_if_exists=True,
-    ).remote(settings)
-    ray.get(handle.ping.remote(), timeout=600)
-    return handle
+def start(settings: Settings) -> Supervisor:
+    """Start every actor (from this process, which then owns them); return the Supervisor."""
+    return Supervisor(settings)

@@ -23,7 +23,6 @@ from actors.handles import (
     GraphClient,
     NoActor,
     RecallClient,
-    SupervisorClient,
     TranscriptClient,
     TurnsClient,
 )
@@ -35,6 +34,7 @@ from actors.messages import (
     RecentTurns,
     UserTurn,
 )
+from actors.status import gather_status
 from runtime.config import CONFIG_DIR, Settings
 from runtime.fact_kinds import FactKinds
 from runtime.facts import FactIn
@@ -58,8 +58,7 @@ def runtime(ray_instance: str, tmp_path_factory: pytest.TempPathFactory,
     })
     sup = supervisor.start(settings)
     yield settings
-    ray.get(sup.stop.remote(), timeout=120)
-    ray.kill(sup)
+    sup.stop()
 
 
 turns = TurnsClient(NS)
@@ -276,7 +275,7 @@ def test_client_resolves_once_and_again_after_the_actor_is_gone(ray_instance: st
 
 
 def test_supervisor_reports_through_clients(runtime: Settings) -> None:
-    status = SupervisorClient(NS).status()
+    status = gather_status(runtime)
     assert set(status.actors) == {"embedder", "transcript", "recall", "episodes", "graph",
                                   "turns", "cron"}
     assert set(status.actors.values()) == {"ok"}
@@ -337,7 +336,7 @@ def test_killed_actor_loses_no_acknowledged_turn(runtime: Settings, victim: str)
     assert ray.get(ray.get_actor(victim, namespace=NS).ping.remote(), timeout=120) == "ok"
     recall.sync()
     assert recall.recall(Recall(query=f"stream {run} turn 42")).items
-    status = SupervisorClient(NS).status()
+    status = gather_status(runtime)
     assert set(status.actors.values()) == {"ok"}
 
 

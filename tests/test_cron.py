@@ -70,8 +70,7 @@ def runtime(ray_instance: str, tmp_path_factory: pytest.TempPathFactory,
     })
     sup = supervisor.start(settings)
     yield settings
-    ray.get(sup.stop.remote(), timeout=120)
-    ray.kill(sup)
+    sup.stop()
 
 
 cron = CronClient(NS, timeout_s=300)

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
-import ray
 
 from actors import supervisor
 from actors.common import OWNERS, BadRequest
@@ -58,8 +57,7 @@ def runtime(ray_instance: str, tmp_path_factory: pytest.TempPathFactory,
     })
     sup = supervisor.start(settings)
     yield settings
-    ray.get(sup.stop.remote(), timeout=120)
-    ray.kill(sup)
+    sup.stop()
 
 
 def read_store(settings: Settings) -> Store:

@@ -19,8 +19,9 @@ from fake_openai import FakeOpenAI, Mode
 from ray.exceptions import ActorUnavailableError
 
 from actors import supervisor
-from actors.handles import SupervisorClient, TranscriptClient, TurnsClient
+from actors.handles import TranscriptClient, TurnsClient
 from actors.messages import ChangeMemory, RecentTurns, UserTurn
+from actors.status import gather_status
 from runtime.config import CONFIG_DIR, Settings, load_settings
 from runtime.fact_kinds import FactKinds
 from runtime.store import Store
@@ -47,8 +48,7 @@ def _start(namespace: str, server: FakeOpenAI, data: Path, model_cache: Path,
 
 
 def _stop(sup: Any) -> None:
-    ray.get(sup.stop.remote(), timeout=120)
-    ray.kill(sup)
+    sup.stop()
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,7 @@ def test_failing_model_falls_back_and_then_shows_a_notice(runtime: Settings,
     assert second.provider == "offline"
     assert second.notice is not None and "failing" in second.notice
     # durable: `reverie status` shows it, and a restarted Turns actor still has it
-    assert SupervisorClient(NS).status().notice == second.notice
+    assert gather_status(runtime).notice == second.notice
     ray.kill(ray.get_actor("turns", namespace=NS), no_restart=False)
 
     def back() -> bool:

@@ -344,14 +344,9 @@ def local_ray(settings: Settings, dashboard: bool | None = None,
         shutil.rmtree(temp_dir, ignore_errors=True)
 
 
-def stop_runtime(sup: Any, timeout: float = 120.0) -> None:
-    """Stop the Supervisor's actors (it saves the index first), then the Supervisor."""
-    import ray
-
-    try:
-        ray.get(sup.stop.remote(), timeout=timeout)
-    finally:
-        ray.kill(sup)
+def stop_runtime(sup: Any) -> None:
+    """Stop the Supervisor's actors (it saves the index first)."""
+    sup.stop()
 
 
 # -- figures ----------------------------------------------------------------

@@ -155,6 +155,37 @@ def sample(markers: list[str], samples: int, interval: float) -> list[dict[str, 
     return procs
 
 
+def cpu_ticks(pid: int) -> int | None:
+    """utime + stime of a process, in clock ticks (/proc/<pid>/stat fields 14, 15)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    rest = stat[stat.rfind(")") + 2:].split()
+    return int(rest[11]) + int(rest[12])
+
+
+def idle_cpu(markers: list[str], window_s: float) -> dict[str, Any]:
+    """CPU used by every runtime process over ``window_s`` idle seconds, as % of one core."""
+    hz = os.sysconf("SC_CLK_TCK")
+    me = os.getpid()
+    procs = {pid: line for pid, line in ray_processes(markers).items() if pid != me}
+    start = {pid: cpu_ticks(pid) for pid in procs}
+    time.sleep(window_s)
+    rows = []
+    for pid, line in procs.items():
+        end, begin = cpu_ticks(pid), start[pid]
+        if end is None or begin is None:
+            continue
+        rows.append({"pid": pid, "role": role(pid, line),
+                     "pct_of_core": round(100 * (end - begin) / hz / window_s, 2)})
+    rows.sort(key=lambda r: -r["pct_of_core"])
+    return {"window_s": window_s, "total_pct_of_core": round(sum(r["pct_of_core"]
+                                                                 for r in rows), 2),
+            "processes": rows}
+
+
 def populate(ns: str, n: int) -> None:
     import ray
 
@@ -209,6 +240,7 @@ def run_case(dashboard: bool, args: argparse.Namespace, work: Path,
             time.sleep(args.settle)
             markers = [info["session_dir"] or "", info["temp_dir"]]
             procs = sample(markers, args.samples, args.interval)
+            cpu = idle_cpu(markers, args.cpu_window) if args.cpu_window else None
         finally:
             c.stop_runtime(sup)
     totals = {k: round(sum(p[k] for p in procs), 1)
@@ -218,7 +250,7 @@ def run_case(dashboard: bool, args: argparse.Namespace, work: Path,
             "total": totals, "total_without_driver_pss_mib": round(totals["pss_mib"] - driver, 1),
             "actors_ready_s": round(ready_s, 2), "ray_init_s": round(info["init_s"], 2),
             "dashboard_url": info["dashboard_url"], "memories": args.memories,
-            "edge": bool(edge)}
+            "edge": bool(edge), "idle_cpu": cpu}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -229,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--interval", type=float, default=2.0, help="seconds between samples")
     ap.add_argument("--memories", type=int, default=0,
                     help="write this many turns through the actors first (default 0)")
+    ap.add_argument("--cpu-window", type=float, default=0.0,
+                    help="also measure idle CPU over this many seconds (the driver excluded)")
     ap.add_argument("--edge", action="store_true",
                     help="everything on: the MQTT bridge (a local Mosquitto) and the GPS reader")
     ap.add_argument("--json", dest="json_out", default=None, help="write the figures here")
@@ -257,6 +291,13 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(["TOTAL", len(res["processes"]), t["pss_mib"], t["pss_anon_mib"],
                      t["pss_file_mib"], t["pss_shmem_mib"], t["rss_mib"]])
         print(c.table(["process", "pid", "PSS MiB", "anon", "file", "shmem", "RSS MiB"], rows))
+        if res["idle_cpu"]:
+            cpu = res["idle_cpu"]
+            print(f"\nidle CPU over {cpu['window_s']:.0f} s: {cpu['total_pct_of_core']:.1f} % of"
+                  " one core")
+            print(c.table(["process", "pid", "% of a core"],
+                          [[p["role"], p["pid"], p["pct_of_core"]] for p in cpu["processes"]
+                           if p["pct_of_core"] > 0]))
     wall_s = time.perf_counter() - wall
     summary = ("edge on; " if args.edge else "") + "; ".join(
         f"dashboard {'on' if r['dashboard'] else 'off'}: {r['total']['pss_mib']:.0f} MiB PSS "

@@ -1,0 +1,66 @@
+"""``reverie status``: asked of the running actors themselves, by name.
+
+Light on imports (no actor classes): the client commands use it after joining
+the runtime's Ray; the Supervisor in ``reverie run`` uses it too.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import ray
+
+from actors.common import EDGE, actors_for
+from actors.handles import CronClient, EdgeClient, TranscriptClient
+from actors.messages import EdgeInfo, Status
+from runtime.config import Settings
+from runtime.llm_queue import read_notice
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+PING_TIMEOUT_S = 10.0
+
+
+def _ask(call: Callable[[], T]) -> T | None:
+    try:
+        return call()
+    except Exception as exc:
+        log.warning("status part unavailable: %s", type(exc).__name__)
+        return None
+
+
+def gather_status(settings: Settings) -> Status:
+    """``reverie status``: every actor's ping, the counts, the notice, the edge.
+
+    Asked of the actors themselves (by name, from any process joined to the
+    runtime's Ray), all pings at once."""
+    ns = settings.runtime.namespace
+    names = actors_for(settings)
+    states: dict[str, str] = {}
+    pings: dict[str, Any] = {}
+    for name in names:
+        try:
+            pings[name] = ray.get_actor(name, namespace=ns).ping.remote()
+        except ValueError:
+            states[name] = "down: not running"
+    for name, ref in pings.items():
+        try:
+            states[name] = ray.get(ref, timeout=PING_TIMEOUT_S)
+        except Exception as exc:
+            states[name] = f"down: {type(exc).__name__}"
+    states = {name: states[name] for name in names}
+    transcript = TranscriptClient(ns, PING_TIMEOUT_S)
+    cron = CronClient(ns, PING_TIMEOUT_S)
+    if EDGE in names and settings.mqtt.enabled:
+        mqtt = _ask(lambda: EdgeClient(ns, PING_TIMEOUT_S).stats()) or EdgeInfo(
+            configured=True, connected=False, error="bridge not answering")
+    else:
+        mqtt = EdgeInfo(configured=False, connected=False,
+                        error="no broker configured (mqtt.host)")
+    return Status(namespace=ns, actors=states,
+                  counts=_ask(lambda: transcript.counts(timeout=PING_TIMEOUT_S)) or {},
+                  notice=read_notice(settings.store.resolved_dir), mqtt=mqtt,
+                  location=_ask(lambda: transcript.location(timeout=PING_TIMEOUT_S)),
+                  presence=_ask(lambda: cron.presence_report(timeout=PING_TIMEOUT_S).people))
