@@ -114,13 +114,15 @@ class Bridge:
         s = self.settings
         client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=s.client_id,
                              clean_session=False, protocol=mqtt.MQTTv311, manual_ack=True)
+        if s.password_env and not s.username:
+            raise ValueError("mqtt.password_env is set but mqtt.username is not")
         if s.username:
             password = None
             if s.password_env:
                 password = os.environ.get(s.password_env)
-                if password is None:
+                if not password:
                     raise ValueError(f"mqtt.password_env: the variable {s.password_env} is"
-                                     " not set")
+                                     " not set or empty")
             client.username_pw_set(s.username, password)
         if s.tls:
             client.tls_set(ca_certs=str(s.ca_file) if s.ca_file else None,
@@ -130,6 +132,7 @@ class Bridge:
         client.reconnect_delay_set(max(1, round(s.reconnect_min_s)),
                                    max(1, round(s.reconnect_max_s)))
         client.on_connect = self._on_connect
+        client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
         client.on_message = self._on_message
         return client
@@ -150,6 +153,7 @@ class Bridge:
     def stop(self, timeout: float = 10.0) -> None:
         """Store what is queued, say ``offline``, and disconnect."""
         self._stop.set()
+        self._announce.set()  # wakes the state thread
         if self._writer is not None:
             self._writer.join(timeout)
         if self._stater is not None:
@@ -190,13 +194,29 @@ class Bridge:
         log.info("MQTT bridge connected (%d subscriptions, session present: %s)",
                  len(subs), getattr(flags, "session_present", None))
 
+    def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
+        """The connection itself failed (refused, TLS handshake, no route): no CONNACK."""
+        with self._lock:
+            self._stats.error = "connection failed (network or TLS handshake)"
+        log.warning("MQTT connection to %s:%d failed; retrying", self.settings.host,
+                    self.settings.port)
+
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any,
                        reason: Any, properties: Any) -> None:
         with self._lock:
+            was_connected = self._stats.connected
             self._stats.connected = False
-            self._stats.disconnects += 1
-        if not self._stop.is_set():
+            if was_connected:
+                self._stats.disconnects += 1
+            elif self._stats.error is None:  # dropped before a CONNACK: TLS, or refused
+                self._stats.error = f"connection closed by the broker before it was set up" \
+                                    f" ({reason})"
+        if self._stop.is_set():
+            return
+        if was_connected:
             log.warning("MQTT bridge disconnected (%s); reconnecting", reason)
+        else:
+            log.warning("MQTT broker closed the connection before it was set up (%s)", reason)
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         now = self.now()
@@ -264,6 +284,8 @@ class Bridge:
                 next_state = time.monotonic() + self.state_every_s
             elif wanted:  # not connected yet: on_connect announces again
                 self._stop.wait(0.5)
+                if self._stop.is_set():
+                    return
             else:
                 self._announce.wait(1.0)
 

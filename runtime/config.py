@@ -287,6 +287,17 @@ class MqttSettings(_Section):
     # id -> person: the names sensors use, mapped onto the household's people.
     people: dict[str, str] = Field(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _coherent(self) -> MqttSettings:
+        files = [n for n in ("ca_file", "cert_file", "key_file") if getattr(self, n)]
+        if files and not self.tls:
+            raise ValueError(f"{', '.join(files)} set but tls = false")
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("cert_file and key_file go together")
+        if self.password_env and not self.username:
+            raise ValueError("password_env is set but username is not")
+        return self
+
     @property
     def enabled(self) -> bool:
         return bool(self.host.strip())

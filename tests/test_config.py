@@ -251,3 +251,20 @@ def test_key_in_place_of_a_variable_name_is_refused_in_the_file_too(tmp_path: Pa
     with pytest.raises(ConfigError, match=r"llm\.providers\.0\.api_key_env") as info:
         load_settings(cfg, env={})
     assert "sk-live-0123456789" not in str(info.value)
+
+
+@pytest.mark.parametrize(("mqtt", "message"), [
+    ({"ca_file": "/etc/ca.pem"}, "tls = false"),
+    ({"tls": True, "cert_file": "/etc/c.pem"}, "go together"),
+    ({"password_env": "PW"}, "username is not"),
+    ({"port": 0}, "mqtt.port"),
+])
+def test_incoherent_mqtt_settings_are_refused(mqtt: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_settings(env={}, overrides={"mqtt": {"host": "127.0.0.1", **mqtt}})
+
+
+def test_replica_url_must_be_file_or_s3() -> None:
+    with pytest.raises(ConfigError, match="replica"):
+        load_settings(env={"REVERIE_REPLICA__URL": "ftp://x/y"})
+    assert load_settings(env={"REVERIE_REPLICA__URL": "s3://bucket/p"}).replica.enabled
