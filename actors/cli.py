@@ -24,7 +24,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from actors.discovery import NoRuntime, connect, prepare_client_auth
+from actors.discovery import NoRuntime, connect, prepare_client_auth, read_runtime
 from runtime.config import ConfigError, Settings, load_settings
 
 log = logging.getLogger(__name__)
@@ -301,6 +301,45 @@ def _edge_lines(status: Any, settings: Settings) -> Iterator[str]:
             yield f"  {person:<11} {p.state}{where} since {when(p.since)}"
 
 
+# -- backups (no runtime needed: they read the replica and the store file) -----
+
+def cmd_backup_verify(args: argparse.Namespace, settings: Settings) -> int:
+    from runtime.backup import BackupError, verify
+
+    try:
+        result = verify(settings)
+    except BackupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.json:
+        print(json.dumps(result.to_dict()))
+    elif result.ok:
+        lag = "" if result.lag_s is None else f" (replica {result.lag_s:.1f} s behind)"
+        print(f"backup ok: {len(result.tables)} tables match the live store{lag}")
+    for problem in result.problems:
+        print(f"backup problem: {problem}", file=sys.stderr)
+    return EXIT_OK if result.ok else EXIT_RUNTIME_ERROR
+
+
+def cmd_backup_restore(args: argparse.Namespace, settings: Settings) -> int:
+    from runtime.backup import BackupError, restore
+
+    try:
+        read_runtime(settings)
+        running = True
+    except NoRuntime:
+        running = False
+    try:
+        path = restore(settings, timestamp=args.timestamp,
+                       to=Path(args.to).expanduser() if args.to else None,
+                       runtime_running=running)
+    except BackupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"restored {path}")
+    return EXIT_OK
+
+
 def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     try:
         fh = path.open(encoding="utf-8")
@@ -564,6 +603,22 @@ def parser() -> argparse.ArgumentParser:
                         "'2026-12-24 18:00', '8:00' (the household's time zone)")
     remind.add_argument("--channel", default="cli")
     remind.set_defaults(func=cmd_remind)
+
+    backup = sub.add_parser("backup", help="the Litestream replica: verify it, restore from it")
+    backup_sub = backup.add_subparsers(dest="backup_command", required=True)
+    verify = backup_sub.add_parser("verify", help="restore the latest replica to a temporary"
+                                   " file and compare it with the live store")
+    verify.add_argument("--json", action="store_true")
+    verify.set_defaults(func=cmd_backup_verify)
+    restore = backup_sub.add_parser("restore", help="restore the replica (refuses to"
+                                    " overwrite the live store while the runtime runs)")
+    restore.add_argument("--timestamp", metavar="T", help="a point in time (RFC 3339)")
+    restore.add_argument("--to", metavar="PATH", help="a new file instead of the live store")
+    restore.set_defaults(func=cmd_backup_restore)
+
+    from actors import doctor  # doctor log | rollback | check-facts
+
+    doctor.add_parser(sub)
     return p
 
 

@@ -97,7 +97,8 @@ def expire_write_log(store: Store, now: float) -> int:
 
 def _drop(store: Store, table: str, cascades: tuple[tuple[str, str | None], ...],
           ids: Sequence[int]) -> int:
-    with store.write_transaction():
+    # The log is append-only; this retention rule is the one sanctioned delete.
+    with store.write_transaction(), store.expiring_write_log():
         marks = ", ".join("?" for _ in ids)
         # Ids are never reused, but be sure the row is really gone.
         live = {r[0] for r in store.conn.execute(

@@ -490,6 +490,61 @@ MIGRATIONS: list[tuple[str, str]] = [
         UPDATE presence SET since = at;
         """,
     ),
+    (
+        "0011_write_log_append_only",
+        """
+        -- The write log is append-only. Two changes to it are sanctioned, each
+        -- allowed in one exact shape:
+        -- * a forget (Store.forget) erases content: an UPDATE may only replace a
+        --   row's before/after with the marker {"id": <its row_id>, "forgotten":
+        --   true}; every other column stays as it was;
+        -- * the janitor's retention rule (runtime.janitor.expire_write_log)
+        --   deletes the history of pruned transcript rows and episodes: a DELETE
+        --   is allowed only for rows of those tables (and the rows that went with
+        --   them by cascade), and only while the connection's function
+        --   write_log_expiry_allowed() says so. The Store registers it (false
+        --   except inside Store.expiring_write_log()); on any other connection
+        --   (the sqlite3 shell) it does not exist, so a DELETE fails there too.
+        -- INSERT OR REPLACE would delete the row it replaces without firing the
+        -- delete trigger: an insert may not reuse an id.
+        CREATE TRIGGER write_log_no_update BEFORE UPDATE ON write_log
+        WHEN NOT coalesce((
+            new.id IS old.id AND new.at IS old.at AND new.writer IS old.writer
+            AND new.op IS old.op AND new.table_name IS old.table_name
+            AND new.row_id IS old.row_id
+            AND (new.before IS old.before OR (
+                old.before IS NOT NULL AND json_valid(new.before)
+                AND json_type(new.before) = 'object'
+                AND json_type(new.before, '$.forgotten') = 'true'
+                AND json_extract(new.before, '$.id') IS old.row_id
+                AND (SELECT count(*) FROM json_each(new.before)) = 2))
+            AND (new.after IS old.after OR (
+                old.after IS NOT NULL AND json_valid(new.after)
+                AND json_type(new.after) = 'object'
+                AND json_type(new.after, '$.forgotten') = 'true'
+                AND json_extract(new.after, '$.id') IS old.row_id
+                AND (SELECT count(*) FROM json_each(new.after)) = 2))
+        ), 0)
+        BEGIN
+            SELECT RAISE(ABORT, 'write_log is append-only: an update may only forget');
+        END;
+
+        CREATE TRIGGER write_log_no_delete BEFORE DELETE ON write_log
+        WHEN NOT coalesce((
+            old.table_name IN ('transcript', 'tool_calls', 'episodes', 'episode_citations')
+            AND write_log_expiry_allowed()
+        ), 0)
+        BEGIN
+            SELECT RAISE(ABORT, 'write_log is append-only: only the retention rule deletes');
+        END;
+
+        CREATE TRIGGER write_log_no_replace BEFORE INSERT ON write_log
+        WHEN new.id IS NOT NULL AND EXISTS (SELECT 1 FROM write_log WHERE id = new.id)
+        BEGIN
+            SELECT RAISE(ABORT, 'write_log is append-only: an entry is never replaced');
+        END;
+        """,
+    ),
 ]
 
 

@@ -17,6 +17,12 @@ episode's citations) are covered by their parent's delete. Outside the write
 log, on purpose: vectors (derived data, rebuilt from the rows at any time) and
 the ``fact_kinds`` table (a copy of the configuration).
 
+The write log itself is append-only (migration 0011, enforced by triggers): an
+update may only erase a row's content in the shape :meth:`Store.forget` does,
+and a delete is refused except inside :meth:`Store.expiring_write_log` (the
+janitor's retention rule), which sets the connection's
+``write_log_expiry_allowed()`` SQL function the delete trigger asks.
+
 A transaction that will write starts with ``BEGIN IMMEDIATE``
 (:meth:`Store.write_transaction`): several processes share one WAL file, and a
 deferred transaction that read first cannot be upgraded to a writer once
@@ -108,6 +114,13 @@ class Store:
         self.conn.execute("PRAGMA synchronous = NORMAL")
         self.conn.execute("PRAGMA foreign_keys = ON")
         self.conn.execute("PRAGMA secure_delete = ON")
+        # Asked by the write log's delete trigger (migration 0011).
+        self._expiring_write_log = False
+
+        def expiry_allowed(*_: object) -> int:
+            return int(self._expiring_write_log)
+
+        self.conn.create_scalar_function("write_log_expiry_allowed", expiry_allowed, 0)
         self.applied_migrations = migrate(self.conn)
         self._sync_fact_kinds()
 
@@ -143,6 +156,20 @@ class Store:
             if self.conn.in_transaction:  # SQLite may have rolled back already
                 self.conn.execute("ROLLBACK")
             raise
+
+    @contextmanager
+    def expiring_write_log(self) -> Iterator[None]:
+        """Inside: write-log rows of transcript rows and episodes (and of what
+        went with them by cascade) may be deleted. Only the janitor's retention
+        rule uses it; everywhere else the log is append-only (migration 0011)."""
+        if self._expiring_write_log:
+            yield
+            return
+        self._expiring_write_log = True
+        try:
+            yield
+        finally:
+            self._expiring_write_log = False
 
     # Every transaction opened through the store writes (readers need none:
     # each read statement sees one snapshot), so they are all immediate.
