@@ -43,7 +43,7 @@ without validation is refused with ``BadRequest``, never trusted.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -307,6 +307,8 @@ class Status(Message):
     mqtt: EdgeInfo | None = None
     location: LocationInfo | None = None
     presence: dict[str, PersonPresence] | None = None  # person -> where, since when
+    # Litestream: enabled, url, running, pid, restarts, last_sync_at, lag_s, gaps, error
+    replica: dict[str, Any] | None = None
 
 
 

@@ -44,7 +44,7 @@ from runtime.config import Settings
 log = logging.getLogger(__name__)
 
 LOOPBACK = "127.0.0.1"
-EXIT_EXPOSED = 3
+EXIT_EXPOSED = 3  # refusing to run: exposed, or a replica that cannot be restored
 
 # Read by ``ray._private.ray_constants`` when Ray is imported: with Ray's
 # cluster mode off, ``ray.init`` keeps a loopback node IP instead of swapping in
@@ -178,6 +178,16 @@ def run(settings: Settings, address: str | None = None, verbose: bool = False) -
         return 1
     except NoRuntime:
         pass
+    if settings.replica.enabled and settings.replica.restore_on_boot:
+        from device.replicator import ReplicaError, restore_if_missing
+
+        try:  # before anything opens the store
+            if restore_if_missing(settings):
+                print("reverie: the store was missing; restored it from the replica",
+                      file=sys.stderr)
+        except ReplicaError as exc:
+            print(f"reverie: cannot restore the store from the replica: {exc}", file=sys.stderr)
+            return EXIT_EXPOSED
     auth = prepare_node_auth(settings, address)  # before Ray is imported
     if address:  # after the auth settings: both refresh an already-imported Ray
         join_environment(address)

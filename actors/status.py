@@ -6,8 +6,11 @@ the runtime's Ray; the Supervisor in ``reverie run`` uses it too.
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import ray
@@ -16,11 +19,44 @@ from actors.common import EDGE, actors_for
 from actors.handles import CronClient, EdgeClient, TranscriptClient
 from actors.messages import EdgeInfo, Status
 from runtime.config import Settings
+from runtime.files import write_private
 from runtime.llm_queue import read_notice
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 PING_TIMEOUT_S = 10.0
+# The replicator (a thread of the ``reverie run`` process, not an actor) writes
+# its status here this often; older than REPLICA_STALE_S means it stopped reporting.
+REPLICA_REPORT_S = 2.0
+REPLICA_STALE_S = 30.0
+REPLICA_STATUS = "replica-status.json"
+
+
+def _replica_file(settings: Settings) -> Path:
+    return settings.store.resolved_dir / REPLICA_STATUS
+
+
+def write_replica_status(settings: Settings, status: dict[str, Any]) -> None:
+    write_private(_replica_file(settings), json.dumps({**status, "reported_at": time.time()}))
+
+
+def clear_replica_status(settings: Settings) -> None:
+    _replica_file(settings).unlink(missing_ok=True)
+
+
+def read_replica_status(settings: Settings) -> dict[str, Any]:
+    """``replica`` of ``reverie status --json``."""
+    if not settings.replica.enabled:
+        return {"enabled": False}
+    try:
+        status: dict[str, Any] = json.loads(_replica_file(settings).read_text())
+    except (OSError, ValueError):
+        return {"enabled": True, "running": False, "error": "the replicator has not reported"}
+    age = time.time() - float(status.get("reported_at", 0))
+    if age > REPLICA_STALE_S:
+        status["running"] = False
+        status["error"] = f"the replicator has not reported for {age:.0f} s"
+    return status
 
 
 def _ask(call: Callable[[], T]) -> T | None:
@@ -63,4 +99,5 @@ def gather_status(settings: Settings) -> Status:
                   counts=_ask(lambda: transcript.counts(timeout=PING_TIMEOUT_S)) or {},
                   notice=read_notice(settings.store.resolved_dir), mqtt=mqtt,
                   location=_ask(lambda: transcript.location(timeout=PING_TIMEOUT_S)),
-                  presence=_ask(lambda: cron.presence_report(timeout=PING_TIMEOUT_S).people))
+                  presence=_ask(lambda: cron.presence_report(timeout=PING_TIMEOUT_S).people),
+                  replica=read_replica_status(settings))

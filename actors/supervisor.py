@@ -15,6 +15,7 @@ do. The driver owns the actors: when it stops (or dies), they stop.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any, TypeVar
 
 import ray
@@ -47,9 +48,15 @@ from actors.handles import (
 from actors.memory_writers import EpisodesActor, GraphActor
 from actors.messages import Status
 from actors.recall import RecallActor
-from actors.status import gather_status
+from actors.status import (
+    REPLICA_REPORT_S,
+    clear_replica_status,
+    gather_status,
+    write_replica_status,
+)
 from actors.transcript import TranscriptActor
 from actors.turns import TurnsActor
+from device.replicator import Replicator
 from runtime.config import Settings
 
 log = logging.getLogger(__name__)
@@ -96,6 +103,24 @@ class Supervisor:
         self.cron = CronClient(self.namespace, handle=self.handles[CRON])
         self.edge = EdgeClient(self.namespace, handle=self.handles.get(EDGE))
         log.info("actors started: %s", ", ".join(self.names))
+        # Litestream, once the store exists (the transcript actor created it): a
+        # child of this process, supervised by a thread (device/replicator.py);
+        # its status goes to a file `reverie status` reads (replica_status.py).
+        self.replicator = Replicator(settings)
+        self._reporting = threading.Event()
+        self._reporter: threading.Thread | None = None
+        if self.replicator.enabled:
+            self.replicator.start()
+            self._reporter = threading.Thread(target=self._report_replica,
+                                              name="replica-status", daemon=True)
+            self._reporter.start()
+
+    def _report_replica(self) -> None:
+        while not self._reporting.wait(REPLICA_REPORT_S):
+            try:
+                write_replica_status(self.settings, self.replicator.status())
+            except OSError as exc:
+                log.warning("replica status not written: %s", type(exc).__name__)
 
     def _start(self, name: str) -> Any:
         rt = self.settings.runtime
@@ -111,7 +136,8 @@ class Supervisor:
         return gather_status(self.settings)
 
     def stop(self) -> None:
-        """Save what is cached (the vector indexes), then stop every actor."""
+        """Save what is cached (the vector indexes), stop every actor, then
+        Litestream (it uploads what is left when it stops)."""
         try:
             self.recall.save(timeout=60)
         except Exception as exc:
@@ -127,6 +153,11 @@ class Supervisor:
                 ray.kill(self.handles[name], no_restart=True)
         self.handles.clear()
         self.clients.clear()
+        self._reporting.set()
+        if self._reporter is not None:
+            self._reporter.join(timeout=10)
+        self.replicator.stop()
+        clear_replica_status(self.settings)
 
     def ping(self) -> str:
         return "ok"
