@@ -250,7 +250,8 @@ def run_case(dashboard: bool, args: argparse.Namespace, work: Path,
             "total": totals, "total_without_driver_pss_mib": round(totals["pss_mib"] - driver, 1),
             "actors_ready_s": round(ready_s, 2), "ray_init_s": round(info["init_s"], 2),
             "dashboard_url": info["dashboard_url"], "memories": args.memories,
-            "edge": bool(edge), "idle_cpu": cpu}
+            "edge": bool(edge and "mqtt" in edge), "replica": bool(edge and "replica" in edge),
+            "idle_cpu": cpu}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -264,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpu-window", type=float, default=0.0,
                     help="also measure idle CPU over this many seconds (the driver excluded)")
     ap.add_argument("--edge", action="store_true",
-                    help="everything on: the MQTT bridge (a local Mosquitto) and the GPS reader")
+                    help="the MQTT bridge (a local Mosquitto) and the GPS reader on")
+    ap.add_argument("--replica", action="store_true",
+                    help="Litestream on, replicating to a directory")
     ap.add_argument("--json", dest="json_out", default=None, help="write the figures here")
     args = ap.parse_args(argv)
     wall = time.perf_counter()
@@ -276,7 +279,10 @@ def main(argv: list[str] | None = None) -> int:
         for dash in cases:
             c.log(f"dashboard {'on' if dash else 'off'}: starting Ray and the actors")
             with edge_services(work) if args.edge else nullcontext() as edge:
-                results.append(run_case(dash, args, work, edge))
+                sections = dict(edge or {})
+                if args.replica:
+                    sections["replica"] = {"url": f"file://{work}/replica-{int(dash)}"}
+                results.append(run_case(dash, args, work, sections or None))
             c.log(f"  total PSS {results[-1]['total']['pss_mib']:.0f} MiB in "
                   f"{results[-1]['n_processes']} processes")
     finally:
@@ -299,7 +305,8 @@ def main(argv: list[str] | None = None) -> int:
                           [[p["role"], p["pid"], p["pct_of_core"]] for p in cpu["processes"]
                            if p["pct_of_core"] > 0]))
     wall_s = time.perf_counter() - wall
-    summary = ("edge on; " if args.edge else "") + "; ".join(
+    on = ("edge on; " if args.edge else "") + ("replica on; " if args.replica else "")
+    summary = on + "; ".join(
         f"dashboard {'on' if r['dashboard'] else 'off'}: {r['total']['pss_mib']:.0f} MiB PSS "
         f"in {r['n_processes']} processes ({r['total_without_driver_pss_mib']:.0f} without "
         f"the driver)" for r in results)
