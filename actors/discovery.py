@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import secrets
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +37,30 @@ def token_path(settings: Settings) -> Path:
     return settings.store.resolved_dir / TOKEN_FILE
 
 
-def _pid_alive(pid: int) -> bool:
+def process_start(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks after boot, /proc/<pid>/stat field 22); None
+    if there is no such process. With the pid, it names one process: a pid is reused,
+    the pair is not (until a reboot, after which the recorded one is gone anyway)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        with open(f"/proc/{pid}/stat") as fh:
+            stat = fh.read()
+    except OSError:
+        return None
+    return int(stat[stat.rfind(")") + 2:].split()[19])
+
+
+def _runtime_alive(info: dict[str, Any]) -> bool:
+    """Whether the process that wrote ``info`` still runs: the same pid, started at
+    the same moment, and not this process (a runtime restarted with the pid it had,
+    as PID 1 in a container, or after an unclean stop, finds its own old file)."""
+    pid = int(info.get("pid", -1))
+    if pid <= 0 or pid == os.getpid():
         return False
-    except PermissionError:
-        return True
-    return True
+    started = process_start(pid)
+    if started is None:
+        return False
+    recorded = info.get("pid_start")
+    return recorded is None or int(recorded) == started
 
 
 def read_runtime(settings: Settings) -> dict[str, Any]:
@@ -56,7 +73,7 @@ def read_runtime(settings: Settings) -> dict[str, Any]:
                         " (start one with `reverie run`)") from None
     except (ValueError, OSError):
         raise NoRuntime(f"{path} is unreadable; is a runtime running?") from None
-    if not isinstance(info, dict) or not _pid_alive(int(info.get("pid", -1))):
+    if not isinstance(info, dict) or not _runtime_alive(info):
         raise NoRuntime(f"the runtime that wrote {path} (pid {info.get('pid')}) is gone")
     return info
 
@@ -107,12 +124,26 @@ def prepare_client_auth(settings: Settings) -> None:
         use_token(settings)
 
 
+def _answers(address: str, timeout_s: float = 3.0) -> bool:
+    """Whether something accepts TCP connections at ``host:port``."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except (OSError, ValueError):
+        return False
+    return True
+
+
 def connect(settings: Settings) -> Any:
     """Join the running runtime's Ray cluster; return the ray module."""
     info = read_runtime(settings)
     from actors.node import join_environment
 
-    join_environment(str(info["address"]))  # a loopback address needs Ray's loopback mode
+    address = str(info["address"])
+    if not _answers(address):  # ray.init would retry a dead GCS for ever
+        raise NoRuntime(f"the runtime at {address} is not answering (its process "
+                        f"{info.get('pid')} runs, but its Ray node does not)")
+    join_environment(address)  # a loopback address needs Ray's loopback mode
     import ray
 
     try:

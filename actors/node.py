@@ -33,6 +33,7 @@ from typing import Any
 
 from actors.discovery import (
     NoRuntime,
+    process_start,
     read_runtime,
     remove_runtime,
     token_path,
@@ -213,7 +214,8 @@ def run(settings: Settings, address: str | None = None, verbose: bool = False) -
         sup = supervisor.start(settings)
         write_runtime(settings, {
             "address": ctx.address_info["gcs_address"], "namespace": settings.runtime.namespace,
-            "pid": os.getpid(), "auth": auth, "started_at": time.time(),
+            "pid": os.getpid(), "pid_start": process_start(os.getpid()), "auth": auth,
+            "started_at": time.time(),
             "dashboard": ctx.dashboard_url or None})
         print(f"reverie: running (namespace {settings.runtime.namespace}, "
               f"data {settings.store.resolved_dir})")
