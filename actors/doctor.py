@@ -142,7 +142,7 @@ def open_store(settings: Settings) -> Store:
         raise ValueError(f"no memory database at {path} (check REVERIE_DATA_DIR or "
                          "store.data_dir)")
     return Store(path, FactKinds.load(settings.memory.fact_kinds_file),
-                 settings.store.busy_timeout_ms)
+                 settings.store.busy_timeout_ms, synchronous=settings.store.synchronous)
 
 
 def _excerpt(text: Any, width: int = EXCERPT) -> str:

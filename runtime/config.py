@@ -100,6 +100,9 @@ class StoreSettings(_Section):
     data_dir: Path = Field(default=Path("~/.local/share/reverie"))
     file: str = "reverie.db"
     busy_timeout_ms: int = Field(default=5000, ge=0)
+    # FULL: a commit is on disk when it returns (survives a power cut); NORMAL: it
+    # survives a crash, but the last commits can be lost when the power goes.
+    synchronous: Literal["FULL", "NORMAL"] = "FULL"
 
     @property
     def resolved_dir(self) -> Path:

@@ -49,7 +49,8 @@ class Memory:
         self.kinds = FactKinds.load(settings.memory.fact_kinds_file)
         self.profiles = MemoryProfiles.load(settings.memory.profiles_file)
         self.store = Store(settings.store.path, self.kinds,
-                           settings.store.busy_timeout_ms, self.clock)
+                           settings.store.busy_timeout_ms, self.clock,
+                           settings.store.synchronous)
         self.embedder: Embedder = embedder or make_embedder(settings.embedder)
         self.index = VectorIndex(self.store, self.index_dir, self.embedder.name,
                                  self.embedder.dim)

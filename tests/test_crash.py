@@ -14,9 +14,10 @@ and its reply), and the database must pass ``PRAGMA integrity_check``.
 
 This module neither imports Ray nor uses the test session's Ray; a kill only
 reaches processes of the sessions it started itself (checked against the test's
-own session). What a process kill cannot show: the store runs WAL with
-``synchronous=NORMAL``, so a commit is safe from any process dying (the OS keeps
-the WAL) but the last commits can be lost if the machine itself loses power.
+own session). What a process kill cannot show is a power cut: for that the
+store runs ``synchronous=FULL`` by default (``store.synchronous``), so a commit
+is on disk before it is acknowledged; with NORMAL it would be safe from any
+process dying (the OS keeps the WAL) but not from the power going.
 """
 
 from __future__ import annotations

@@ -47,9 +47,15 @@ def test_unknown_migration_in_database_is_refused(tmp_path: Path) -> None:
         Store(tmp_path / "m.db", KINDS)
 
 
+def test_synchronous_is_configurable_and_checked(tmp_path: Path) -> None:
+    assert Store(tmp_path / "n.db", KINDS, synchronous="NORMAL").pragma("synchronous") == 1
+    with pytest.raises(StoreError, match="NORMAL or FULL"):
+        Store(tmp_path / "o.db", KINDS, synchronous="OFF")
+
+
 def test_pragmas_for_litestream(store: Store) -> None:
     assert store.pragma("journal_mode") == "wal"
-    assert store.pragma("synchronous") == 1  # NORMAL
+    assert store.pragma("synchronous") == 2  # FULL: a commit is on disk (power cuts)
     assert store.pragma("foreign_keys") == 1
     assert store.pragma("busy_timeout") == 5000
     assert (store.path.parent / (store.path.name + "-wal")).exists()
