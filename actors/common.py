@@ -27,15 +27,17 @@ TURNS = "turns"
 SUPERVISOR = "supervisor"
 CRON = "cron"
 EDGE = "edge"
+HTTP = "http"
 # Long-lived actors, in start order; Cron (the subconscious' runner) comes last.
 ACTORS = (EMBEDDER, TRANSCRIPT, RECALL, EPISODES, GRAPH, TURNS, CRON)
 
 
 def actors_for(settings: Settings) -> tuple[str, ...]:
     """The long-lived actors these settings run, in start order: the edge's
-    actor (the MQTT bridge, the GPS reader) only when one of them is configured."""
+    actor (the MQTT bridge, the GPS reader) only when one of them is configured,
+    the HTTP server's last, when ``http.enabled``."""
     edge = settings.mqtt.enabled or settings.gps.enabled
-    return ACTORS + ((EDGE,) if edge else ())
+    return ACTORS + ((EDGE,) if edge else ()) + ((HTTP,) if settings.http.enabled else ())
 
 # Which actor owns (and alone changes) each kind of memory, by ref prefix.
 OWNERS: dict[str, str] = {"turn": TRANSCRIPT, "episode": EPISODES, "fact": GRAPH}

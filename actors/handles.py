@@ -29,6 +29,7 @@ from actors.common import (
     EMBEDDER,
     EPISODES,
     GRAPH,
+    HTTP,
     RECALL,
     TRANSCRIPT,
     TURNS,
@@ -343,6 +344,19 @@ class EdgeClient(ActorClient):
 
     def publish_fix_async(self, msg: PublishFix) -> Any:
         return self.submit("publish_fix", msg)
+
+
+class HttpClient(ActorClient):
+    """The HTTP server's actor (running when ``http.enabled``)."""
+
+    name = HTTP
+
+    def address(self, timeout: float | None = None) -> str:
+        """Its base URL, ``http://127.0.0.1:PORT``."""
+        return self.call("address", reply=str, retry=True, timeout=timeout)
+
+    def stop(self, timeout: float | None = None) -> Ack:
+        return self.call("stop", reply=Ack, retry=True, timeout=timeout)
 
 
 OWNER_CLIENTS: dict[str, type[TranscriptClient | EpisodesClient | GraphClient]] = {

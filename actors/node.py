@@ -212,13 +212,20 @@ def run(settings: Settings, address: str | None = None, verbose: bool = False) -
     try:
         print("reverie: starting actors…", file=sys.stderr, flush=True)
         sup = supervisor.start(settings)
+        http = sup.http_address()
         write_runtime(settings, {
             "address": ctx.address_info["gcs_address"], "namespace": settings.runtime.namespace,
             "pid": os.getpid(), "pid_start": process_start(os.getpid()), "auth": auth,
             "started_at": time.time(),
-            "dashboard": ctx.dashboard_url or None})
+            "dashboard": ctx.dashboard_url or None, "http": http})
         print(f"reverie: running (namespace {settings.runtime.namespace}, "
               f"data {settings.store.resolved_dir})")
+        if http:
+            print(f"reverie: HTTP API {http} (bearer token in "
+                  f"{settings.store.resolved_dir / 'http-token'})")
+        elif settings.http.enabled:
+            print("reverie: the HTTP API is off: it could not listen (see `reverie status`)",
+                  file=sys.stderr)
         if ctx.dashboard_url:
             print(f"reverie: dashboard http://{ctx.dashboard_url} (token in "
                   f"{token_path(settings)})")

@@ -26,6 +26,7 @@ from actors.common import (
     EMBEDDER,
     EPISODES,
     GRAPH,
+    HTTP,
     RECALL,
     TRANSCRIPT,
     TURNS,
@@ -41,10 +42,12 @@ from actors.handles import (
     EmbedderClient,
     EpisodesClient,
     GraphClient,
+    HttpClient,
     RecallClient,
     TranscriptClient,
     TurnsClient,
 )
+from actors.http import HttpActor
 from actors.memory_writers import EpisodesActor, GraphActor
 from actors.messages import Status
 from actors.recall import RecallActor
@@ -65,17 +68,17 @@ T = TypeVar("T")
 CLASSES: dict[str, type] = {
     EMBEDDER: EmbedderActor, TRANSCRIPT: TranscriptActor, RECALL: RecallActor,
     EPISODES: EpisodesActor, GRAPH: GraphActor, TURNS: TurnsActor, CRON: CronActor,
-    EDGE: EdgeActor,
+    EDGE: EdgeActor, HTTP: HttpActor,
 }
 CLIENTS: dict[str, type[ActorClient]] = {
     EMBEDDER: EmbedderClient, TRANSCRIPT: TranscriptClient, RECALL: RecallClient,
     EPISODES: EpisodesClient, GRAPH: GraphClient, TURNS: TurnsClient, CRON: CronClient,
-    EDGE: EdgeClient,
+    EDGE: EdgeClient, HTTP: HttpClient,
 }
 # Calls a restarted actor may safely see again: appends carry request ids,
 # recall and embedding are reads.
 RETRIES: dict[str, int] = {EMBEDDER: 3, TRANSCRIPT: 3, RECALL: 3, EPISODES: 0, GRAPH: 0,
-                           TURNS: 0, CRON: 0, EDGE: 3}
+                           TURNS: 0, CRON: 0, EDGE: 3, HTTP: 0}
 # Turns in progress at once, across channels (the Turns actor is threaded; one
 # channel's turns still run one at a time). Every other actor runs one call at
 # a time: each is the single writer of its tables.
@@ -102,6 +105,7 @@ class Supervisor:
         self.recall = RecallClient(self.namespace, handle=self.handles[RECALL])
         self.cron = CronClient(self.namespace, handle=self.handles[CRON])
         self.edge = EdgeClient(self.namespace, handle=self.handles.get(EDGE))
+        self.http = HttpClient(self.namespace, handle=self.handles.get(HTTP))
         log.info("actors started: %s", ", ".join(self.names))
         # Litestream, once the store exists (the transcript actor created it): a
         # child of this process, supervised by a thread (device/replicator.py);
@@ -136,8 +140,14 @@ class Supervisor:
         return gather_status(self.settings)
 
     def stop(self) -> None:
-        """Save what is cached (the vector indexes), stop every actor, then
-        Litestream (it uploads what is left when it stops)."""
+        """Stop the HTTP server (no new requests), save what is cached (the vector
+        indexes), stop every actor, then Litestream (it uploads what is left when
+        it stops)."""
+        if HTTP in self.handles:
+            try:
+                self.http.stop(timeout=30)
+            except Exception as exc:
+                log.warning("the HTTP server did not stop cleanly: %s", type(exc).__name__)
         try:
             self.recall.save(timeout=60)
         except Exception as exc:
@@ -161,6 +171,12 @@ class Supervisor:
 
     def ping(self) -> str:
         return "ok"
+
+    def http_address(self) -> str | None:
+        """The HTTP server's base URL, when it runs."""
+        if HTTP not in self.handles:
+            return None
+        return self.http.address(timeout=PING_TIMEOUT_S) or None
 
 
 def start(settings: Settings) -> Supervisor:

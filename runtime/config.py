@@ -356,6 +356,20 @@ class MemorySettings(_Section):
     fact_kinds_file: Path = CONFIG_DIR / "fact_kinds.toml"
 
 
+class HttpSettings(_Section):
+    """The HTTP server (``actors/http.py``): REST, OpenAI-compatible chat, OpenAPI.
+
+    Loopback by default; every request needs the bearer token kept in
+    ``<data dir>/http-token`` (generated on first run, 0600)."""
+
+    enabled: bool = True
+    host: str = Field(default="127.0.0.1", min_length=1, max_length=255)
+    port: int = Field(default=8765, ge=0, le=65535)  # 0: a free port
+    max_body_bytes: int = Field(default=1_048_576, ge=1024, le=64 * 1_048_576)
+    # alias -> upstream model name, for the OpenAI-compatible `model` field
+    models: dict[str, str] = Field(default_factory=dict)
+
+
 class Settings(_Section):
     store: StoreSettings = StoreSettings()
     embedder: EmbedderSettings = EmbedderSettings()
@@ -370,6 +384,7 @@ class Settings(_Section):
     mqtt: MqttSettings = MqttSettings()
     gps: GpsSettings = GpsSettings()
     replica: ReplicaSettings = ReplicaSettings()
+    http: HttpSettings = HttpSettings()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @model_validator(mode="after")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,11 @@ from runtime.clock import ManualClock
 from runtime.config import Settings, load_settings
 from runtime.embedder import Embedder, make_embedder
 from runtime.memory import Memory
+
+# Every runtime a test starts serves HTTP on a free port, not the default 8765:
+# two runtimes may run at once (a module's and a test's own), and the machine's
+# 8765 may be taken. `reverie run` subprocesses inherit this.
+os.environ.setdefault("REVERIE_HTTP__PORT", "0")
 
 
 @pytest.fixture(autouse=True)
@@ -42,6 +48,7 @@ def make_settings(tmp_path: Path, model_cache: Path) -> Callable[..., Settings]:
         overrides: dict[str, Any] = {
             "store": {"data_dir": str(tmp_path / "data")},
             "embedder": {"cache_dir": str(model_cache)},
+            "http": {"port": 0},
         }
         for name, values in sections.items():
             overrides[name] = {**overrides.get(name, {}), **values}

@@ -55,6 +55,7 @@ def runtime(ray_instance: str, tmp_path_factory: pytest.TempPathFactory,
         "store": {"data_dir": str(data)}, "embedder": {"cache_dir": str(model_cache)},
         "runtime": {"namespace": NS},
         "persona": {"global_dir": str(data / "persona")},
+        "http": {"port": 0},
     })
     sup = supervisor.start(settings)
     yield settings
@@ -277,7 +278,7 @@ def test_client_resolves_once_and_again_after_the_actor_is_gone(ray_instance: st
 def test_supervisor_reports_through_clients(runtime: Settings) -> None:
     status = gather_status(runtime)
     assert set(status.actors) == {"embedder", "transcript", "recall", "episodes", "graph",
-                                  "turns", "cron"}
+                                  "turns", "cron", "http"}
     assert set(status.actors.values()) == {"ok"}
     assert status.counts["transcript"] >= 1
     assert EpisodesClient(NS).ping() == "ok"

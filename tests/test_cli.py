@@ -22,7 +22,8 @@ def _env(data_dir: Path, model_cache: Path) -> dict[str, str]:
     return {**os.environ, "REVERIE_DATA_DIR": str(data_dir),
             "REVERIE_RUNTIME__NAMESPACE": NS,
             "REVERIE_EMBEDDER__CACHE_DIR": str(model_cache),
-            "REVERIE_PERSONA__GLOBAL_DIR": str(data_dir / "persona")}
+            "REVERIE_PERSONA__GLOBAL_DIR": str(data_dir / "persona"),
+            "REVERIE_HTTP__PORT": "0"}  # the HTTP API on a free port
 
 
 def reverie(env: dict[str, str], *args: str, stdin: str | None = None,
@@ -77,7 +78,8 @@ def test_status_lists_every_actor(running: dict[str, str]) -> None:
     status = json.loads(result.stdout)
     assert status["namespace"] == NS
     assert status["actors"] == dict.fromkeys(
-        ["embedder", "transcript", "recall", "episodes", "graph", "turns", "cron"], "ok")
+        ["embedder", "transcript", "recall", "episodes", "graph", "turns", "cron", "http"],
+        "ok")
 
 
 def test_say_and_recall(running: dict[str, str]) -> None:

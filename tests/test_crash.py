@@ -346,6 +346,7 @@ def reverie_env(tmp_path: Path, model_cache: Path) -> Iterator[dict[str, str]]:
            "REVERIE_RUNTIME__DASHBOARD": "false",
            "REVERIE_EMBEDDER__CACHE_DIR": str(model_cache),
            "REVERIE_PERSONA__GLOBAL_DIR": str(tmp_path / "persona"),
+           "REVERIE_HTTP__PORT": "0",  # a free port: 8765 may be another runtime's
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
                                                        os.environ.get("PYTHONPATH")]))}
     shutil.rmtree(tmp_path, ignore_errors=True)

@@ -20,9 +20,12 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -193,6 +196,7 @@ def embedded_runtime(tmp_path_factory: pytest.TempPathFactory,
         "REVERIE_RUNTIME__DASHBOARD_PORT": str(_free_port()),
         "REVERIE_EMBEDDER__CACHE_DIR": str(model_cache),
         "REVERIE_PERSONA__GLOBAL_DIR": str(root / "persona"),
+        "REVERIE_HTTP__PORT": "0",  # the HTTP API on a free port (its default host)
     })
     # umask 0: owner-only data must not depend on the user's umask
     proc = subprocess.Popen([*REVERIE, "run"], env={**env, "RAY_ADDRESS": ray_address},
@@ -241,8 +245,10 @@ def test_embedded_runtime_listens_on_loopback_only(embedded_runtime: Started) ->
     assert proc.poll() is None, "".join(embedded_runtime.output)
     info = json.loads((embedded_runtime.data_dir / "runtime.json").read_text())
     gcs_port = int(info["address"].rsplit(":", 1)[1])
+    http_port = int(info["http"].rsplit(":", 1)[1])
     # The walk found the runtime's own servers, so that no exposed listener means something.
     assert gcs_port in {listener.port for listener in found}, sorted(map(str, found))
+    assert http_port in {listener.port for listener in found}, sorted(map(str, found))
     assert len({listener.pid for listener in found}) >= 4, sorted(map(str, found))
 
     exposed = sorted(str(listener) for listener in found if not is_loopback(listener.address))
@@ -275,6 +281,30 @@ def test_client_commands_reach_the_loopback_runtime(embedded_runtime: Started) -
     assert wrote.returncode == 0, wrote.stderr[-1500:]
 
 
+def test_http_api_needs_its_token(embedded_runtime: Started) -> None:
+    """``runtime.json`` names the HTTP API; chat completions answer 401 without the
+    token of ``<data dir>/http-token`` and 200 with it."""
+    info = json.loads((embedded_runtime.data_dir / "runtime.json").read_text())
+    token = (embedded_runtime.data_dir / "http-token").read_text().strip()
+    body = json.dumps({"model": "reverie",
+                       "messages": [{"role": "user", "content": "Hello."}]}).encode()
+
+    def post(headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
+        request = urllib.request.Request(f"{info['http']}/v1/chat/completions", data=body,
+                                         headers={"Content-Type": "application/json",
+                                                  **headers})
+        try:
+            with urllib.request.urlopen(request, timeout=CLIENT_TIMEOUT_S) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    assert post({})[0] == 401
+    status, answer = post({"Authorization": f"Bearer {token}"})
+    assert status == 200, answer
+    assert answer["choices"][0]["message"]["content"]
+
+
 def test_sigterm_stops_it_cleanly(embedded_runtime: Started) -> None:
     proc = embedded_runtime.proc
     assert proc.poll() is None, "".join(embedded_runtime.output)
@@ -291,7 +321,7 @@ def test_data_is_owner_only_whatever_the_umask(embedded_runtime: Started) -> Non
     root = embedded_runtime.data_dir
     paths = [root, *root.rglob("*")]
     names = {p.name for p in paths}
-    assert {"reverie.db", "ray-auth-token"} <= names, sorted(names)
+    assert {"reverie.db", "ray-auth-token", "http-token"} <= names, sorted(names)
     assert any(p.suffix == ".hnsw" for p in paths), sorted(names)  # the index was saved
     loose = sorted(f"{p.relative_to(root)} {oct(p.stat().st_mode & 0o777)}" for p in paths
                    if p.stat().st_mode & 0o777 != (0o700 if p.is_dir() else 0o600))

@@ -1,0 +1,94 @@
+"""The HTTP server's actor: uvicorn serving :mod:`actors.http_app` in a thread.
+
+Thin, like the edge's actor: the app calls the other actors through their
+typed clients. One actor for the whole server (a Ray worker costs ≈ 62 MiB
+PSS here). The socket is bound in the constructor. A taken port does not
+stop the runtime (memory keeps working for every other way in): the actor
+stays up, says why in its ping (``reverie status``) and its address is empty
+(``runtime.json`` then has ``"http": null``). ``http.port = 0`` takes a free
+port, and :meth:`HttpActor.address` tells which (``reverie run`` writes it to
+``runtime.json`` as ``"http"``).
+
+The access log is off and uvicorn logs at ``warning``: no request line, body
+or token reaches a log.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+
+from actors.common import HTTP, setup_logging
+from actors.messages import Ack
+from runtime.config import Settings
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 10.0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+class HttpActor:
+    def __init__(self, settings: Settings) -> None:
+        setup_logging(settings, HTTP)
+        import uvicorn
+
+        from actors.http_app import ActorBackend, load_or_create_token, make_app
+
+        http = settings.http
+        app = make_app(settings, load_or_create_token(settings), ActorBackend(settings))
+        self._sock: socket.socket | None = None
+        self._thread: threading.Thread | None = None
+        self._address = ""
+        self._error = ""
+        try:
+            self._sock = _bind(http.host, http.port)
+        except OSError as exc:
+            self._error = f"cannot listen on {http.host}:{http.port}: {exc.strerror or exc}"
+            log.error("http: %s; the HTTP API is off", self._error)
+            return
+        port = self._sock.getsockname()[1]
+        host = f"[{http.host}]" if ":" in http.host else http.host
+        self._address = f"http://{host}:{port}"
+        config = uvicorn.Config(app, log_level="warning", access_log=False,
+                                server_header=False, timeout_graceful_shutdown=5)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run,
+                                        kwargs={"sockets": [self._sock]},
+                                        name="http-server", daemon=True)
+        self._thread.start()
+        log.info("http: listening on %s", self._address)
+
+    def address(self) -> str:
+        """The base URL (``http://127.0.0.1:PORT``); empty when it could not listen."""
+        return self._address
+
+    def stop(self) -> Ack:
+        """Stop taking requests; let those running finish (a few seconds at most)."""
+        if self._thread is not None:
+            self._server.should_exit = True
+            self._thread.join(timeout=STOP_TIMEOUT_S)
+        if self._sock is not None:
+            self._sock.close()
+        return Ack(detail="http stopped")
+
+    def ping(self) -> str:
+        if self._error:
+            return f"down: {self._error}"
+        if self._thread is None or not self._thread.is_alive():
+            return "down: the HTTP server stopped"
+        return "ok"

@@ -1,0 +1,328 @@
+"""The HTTP API against the real runtime (the actors on the test session's Ray):
+the token, REST memories and turns, the OpenAI-compatible endpoint driven by the
+official ``openai`` client, and bad input (401, 413, 422, streaming asked)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import stat
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode, urlsplit
+
+import openai
+import pytest
+
+from actors import supervisor
+from actors.handles import HttpClient, TranscriptClient
+from actors.http_app import NOT_STREAMED, load_or_create_token, token_path
+from actors.messages import RecentTurns
+from runtime.config import Settings
+
+NS = "test-http"
+MAX_BODY = 4096
+
+
+@dataclass
+class Response:
+    status_code: int
+    headers: dict[str, str]
+    text: str
+
+    def json(self) -> Any:
+        return json.loads(self.text)
+
+
+class Client:
+    """A few plain HTTP calls (http.client: no client library's habits in the way)."""
+
+    def __init__(self, base: str, headers: dict[str, str]) -> None:
+        self.netloc = urlsplit(base).netloc
+        self.headers = headers
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def request(self, method: str, path: str, json_body: Any = None,
+                content: bytes | Iterable[bytes] | None = None,
+                headers: dict[str, str] | None = None,
+                params: dict[str, Any] | None = None) -> Response:
+        conn = http.client.HTTPConnection(self.netloc, timeout=120)
+        all_headers = {**self.headers, **(headers or {})}
+        body: Any = content
+        if json_body is not None:
+            body = json.dumps(json_body).encode()
+            all_headers["Content-Type"] = "application/json"
+        if params:
+            path = f"{path}?{urlencode(params)}"
+        try:
+            chunked = body is not None and not isinstance(body, bytes)
+            conn.request(method, path, body=body, headers=all_headers, encode_chunked=chunked)
+            r = conn.getresponse()
+            return Response(r.status, {k.lower(): v for k, v in r.getheaders()},
+                            r.read().decode())
+        finally:
+            conn.close()
+
+    def get(self, path: str, **kw: Any) -> Response:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, json: Any = None, **kw: Any) -> Response:
+        return self.request("POST", path, json_body=json, **kw)
+
+    def delete(self, path: str, **kw: Any) -> Response:
+        return self.request("DELETE", path, **kw)
+
+
+@dataclass
+class Api:
+    settings: Settings
+    base: str
+    token: str
+
+    def client(self, token: str | None = None) -> Client:
+        headers = {} if token == "" else {"Authorization": f"Bearer {token or self.token}"}
+        return Client(self.base, headers)
+
+
+@pytest.fixture(scope="module")
+def api(ray_instance: str, tmp_path_factory: pytest.TempPathFactory,
+        model_cache: Path) -> Iterator[Api]:
+    from runtime.config import load_settings
+
+    data = tmp_path_factory.mktemp("http-data")
+    settings = load_settings(env={}, overrides={
+        "store": {"data_dir": str(data)}, "embedder": {"cache_dir": str(model_cache)},
+        "runtime": {"namespace": NS}, "persona": {"global_dir": str(data / "persona")},
+        "http": {"port": 0, "max_body_bytes": MAX_BODY, "models": {"assistant": "offline"}},
+    })
+    sup = supervisor.start(settings)
+    try:
+        base = HttpClient(NS).address()
+        yield Api(settings, base, token_path(settings).read_text().strip())
+    finally:
+        sup.stop()
+
+
+transcript = TranscriptClient(NS)
+
+
+def recent(channel: str) -> list[Any]:
+    transcript.flush()
+    return transcript.recent(RecentTurns(channel=channel, limit=50)).turns
+
+
+def test_listens_on_loopback_with_a_private_token_reused(api: Api) -> None:
+    assert api.base.startswith("http://127.0.0.1:") and not api.base.endswith(":0")
+    path = token_path(api.settings)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert len(api.token) >= 32
+    assert load_or_create_token(api.settings) == api.token  # reused, not regenerated
+
+
+@pytest.mark.parametrize("method,path,body", [
+    ("GET", "/openapi.json", None),
+    ("GET", "/v1/status", None),
+    ("GET", "/v1/recall?q=boiler", None),
+    ("GET", "/v1/models", None),
+    ("POST", "/v1/turns", {"text": "hello"}),
+    ("POST", "/v1/memories/fact:1/disable", None),
+    ("DELETE", "/v1/memories/fact:1", None),
+    ("POST", "/v1/chat/completions",
+     {"model": "reverie", "messages": [{"role": "user", "content": "hi"}]}),
+    ("GET", "/no/such/page", None),
+])
+@pytest.mark.parametrize("token", ["", "wrong-token", "scheme"])
+def test_without_the_token_401(api: Api, method: str, path: str, body: Any,
+                               token: str) -> None:
+    if token == "scheme":  # the right secret, not as a bearer token
+        with Client(api.base, {"Authorization": f"Basic {api.token}"}) as c:
+            r = c.request(method, path, json_body=body)
+    else:
+        with api.client(token) as c:
+            r = c.request(method, path, json_body=body)
+    assert r.status_code == 401, r.text
+    assert r.headers["www-authenticate"] == "Bearer"
+    assert api.token not in r.text
+
+
+def test_a_refused_request_touches_nothing(api: Api) -> None:
+    secret = f"The spare key is under pot number {uuid.uuid4().int % 10_000}."
+    before = len(recent("chat"))
+    with api.client("wrong-token") as c:
+        assert c.post("/v1/memories", json={"text": secret}).status_code == 401
+        assert c.post("/v1/turns", json={"text": secret}).status_code == 401
+    with api.client() as c:
+        found = c.get("/v1/recall", params={"q": "spare key pot"}).json()
+    assert all(secret not in item["text"] for item in found["items"])
+    assert len(recent("chat")) == before
+
+
+def test_memory_remember_recall_disable_enable_delete(api: Api) -> None:
+    text = "The boiler service is due in March, call Rui the plumber."
+    with api.client() as c:
+        wrote = c.post("/v1/memories", json={"text": text})
+        assert wrote.status_code == 201, wrote.text
+        ref = wrote.json()["ref"]
+        assert ref.startswith("fact:")
+
+        def found() -> list[str]:
+            r = c.get("/v1/recall", params={"q": "when is the boiler service due", "limit": 5})
+            assert r.status_code == 200, r.text
+            return [item["ref"] for item in r.json()["items"]]
+
+        assert ref in found()
+        off = c.post(f"/v1/memories/{ref}/disable")
+        assert off.status_code == 200 and off.json()["change"] == "disable", off.text
+        assert ref not in found()
+        on = c.post(f"/v1/memories/{ref}/enable")
+        assert on.status_code == 200 and on.json()["change"] == "enable", on.text
+        assert ref in found()
+        gone = c.delete(f"/v1/memories/{ref}")
+        assert gone.status_code == 200 and gone.json()["change"] == "delete", gone.text
+        assert ref not in found()
+        again = c.delete(f"/v1/memories/{ref}")  # nothing left to delete: a clean 400
+        assert again.status_code == 400, again.text
+        assert c.post("/v1/memories/not-a-ref/disable").status_code == 400
+
+
+def test_turn_answers_and_is_in_the_transcript(api: Api) -> None:
+    text = f"My sister Ana moved to Porto ({uuid.uuid4().hex[:6]})."
+    with api.client() as c:
+        r = c.post("/v1/turns", json={"text": text, "channel": "voice", "speaker": "alice"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["provider"] == "offline" and body["text"]
+    assert isinstance(body["citations"], list)
+    rows = {row.id: row for row in recent("voice")}
+    assert rows[body["turn_id"]].content == text
+    assert rows[body["turn_id"]].speaker == "alice"
+    assert rows[body["reply_id"]].content == body["text"]
+
+
+def test_openai_client_chat_completion(api: Api) -> None:
+    told = f"Our dog Biscuit is afraid of thunder ({uuid.uuid4().hex[:6]})."
+    with api.client() as c:
+        assert c.post("/v1/turns", json={"text": told}).status_code == 200
+    client = openai.OpenAI(base_url=f"{api.base}/v1", api_key=api.token, max_retries=0)
+    raw = client.chat.completions.with_raw_response.create(
+        model="assistant", user="bob",
+        messages=[{"role": "system", "content": "Be brief."},
+                  {"role": "user", "content": "What is Biscuit afraid of?"}],
+        extra_headers={"X-Reverie-Channel": "voice"})
+    completion = raw.parse()
+    assert completion.model == "assistant"  # the alias is echoed
+    content = completion.choices[0].message.content
+    assert content and "thunder" in content
+    extension = raw.http_response.json()["reverie"]
+    assert extension["provider"] == "offline"
+    assert any(ref.startswith("turn:") for ref in extension["citations"])
+    rows = {row.id: row for row in recent("voice")}
+    asked = rows[extension["turn_id"]]
+    assert asked.content == "What is Biscuit afraid of?" and asked.speaker == "bob"
+    assert rows[extension["reply_id"]].content == content
+
+    # the header wins over `user`; the default channel is chat
+    header = client.chat.completions.with_raw_response.create(
+        model="reverie", user="bob", messages=[{"role": "user", "content": "Hello there."}],
+        extra_headers={"X-Reverie-Speaker": "carol"})
+    turn_id = header.http_response.json()["reverie"]["turn_id"]
+    row = {r.id: r for r in recent("chat")}[turn_id]
+    assert row.speaker == "carol"
+
+
+def test_stream_asked_is_a_clean_400_and_writes_nothing(api: Api) -> None:
+    before = len(recent("chat"))
+    client = openai.OpenAI(base_url=f"{api.base}/v1", api_key=api.token, max_retries=0)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model="reverie", stream=True, messages=[{"role": "user", "content": "Hi"}])
+    assert err.value.status_code == 400
+    assert NOT_STREAMED in str(err.value)
+    assert len(recent("chat")) == before
+
+
+def test_unknown_model_and_wrong_token_through_the_client(api: Api) -> None:
+    client = openai.OpenAI(base_url=f"{api.base}/v1", api_key=api.token, max_retries=0)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(
+            model="gpt-nope", messages=[{"role": "user", "content": "Hi"}])
+    wrong = openai.OpenAI(base_url=f"{api.base}/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.chat.completions.create(
+            model="reverie", messages=[{"role": "user", "content": "Hi"}])
+
+
+def test_models_lists_aliases_and_reverie(api: Api) -> None:
+    client = openai.OpenAI(base_url=f"{api.base}/v1", api_key=api.token, max_retries=0)
+    names = {m.id for m in client.models.list()}
+    assert {"assistant", "reverie"} <= names
+
+
+def test_oversized_body_413(api: Api) -> None:
+    big = {"text": "x" * (MAX_BODY + 10)}
+    before = len(recent("chat"))
+    with api.client() as c:
+        declared = c.post("/v1/turns", json=big)
+        assert declared.status_code == 413, declared.text
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: the bytes are counted
+            yield b'{"text": "'
+            for _ in range(MAX_BODY // 512 + 2):
+                yield b"y" * 512
+            yield b'"}'
+
+        streamed = c.post("/v1/turns", content=chunks(),
+                          headers={"Content-Type": "application/json"})
+        assert streamed.status_code == 413, streamed.text
+        small = c.post("/v1/turns", json={"text": "A small one."})
+        assert small.status_code == 200, small.text
+    assert len(recent("chat")) == before + 2
+
+
+def test_malformed_bodies_422_name_the_field(api: Api) -> None:
+    with api.client() as c:
+        r = c.post("/v1/turns", json={"txt": "hello"})
+        assert r.status_code == 422
+        assert any(e["loc"][-1] == "text" for e in r.json()["detail"]), r.text
+        r = c.post("/v1/chat/completions", json={"model": "reverie"})
+        assert r.status_code == 422
+        assert any(e["loc"][-1] == "messages" for e in r.json()["detail"]), r.text
+        r = c.post("/v1/memories", content=b"{not json", headers={
+            "Content-Type": "application/json"})
+        assert r.status_code == 422
+        r = c.get("/v1/recall", params={"q": "x", "limit": "many"})
+        assert r.status_code == 422
+        assert any(e["loc"][-1] == "limit" for e in r.json()["detail"]), r.text
+
+
+def test_status_and_openapi(api: Api) -> None:
+    with api.client() as c:
+        status = c.get("/v1/status")
+        spec = c.get("/openapi.json")
+    assert status.status_code == 200, status.text
+    assert status.json()["actors"]["http"] == "ok"
+    assert status.json()["namespace"] == NS
+    assert spec.status_code == 200
+    paths = spec.json()["paths"]
+    assert {"/v1/turns", "/v1/recall", "/v1/memories", "/v1/memories/{ref}",
+            "/v1/chat/completions", "/v1/models", "/v1/status"} <= set(paths)
+
+
+def test_refused_turns_are_400_not_5xx(api: Api) -> None:
+    with api.client() as c:
+        unknown = c.post("/v1/chat/completions", headers={"X-Reverie-Channel": "no-such"},
+                         json={"model": "reverie",
+                               "messages": [{"role": "user", "content": "Hi"}]})
+        assert unknown.status_code == 400, unknown.text
+        no_user = c.post("/v1/chat/completions", json={
+            "model": "reverie", "messages": [{"role": "system", "content": "Be brief."}]})
+        assert no_user.status_code == 400, no_user.text
+        assert "user message" in no_user.json()["error"]["message"]
