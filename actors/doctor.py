@@ -254,11 +254,9 @@ def print_plan(p: Plan, zone: tzinfo) -> None:
 
 
 def _confirm(question: str) -> bool:
-    try:
-        answer = input(f"{question} [y/N] ")
-    except EOFError:
-        return False
-    return answer.strip().lower() in ("y", "yes")
+    from actors.cli import _confirm as confirm  # the one the other commands ask with
+
+    return confirm(question)
 
 
 def cmd_doctor_rollback(args: argparse.Namespace, settings: Settings) -> int:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import queue
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,3 +42,18 @@ def start_runtime(env: dict[str, str], *args: str,
         if "Ctrl-C to stop" in line:
             return proc
         assert proc.poll() is None, "".join(seen)
+
+
+def reverie(env: dict[str, str], *args: str, cwd: Path | None = None,
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """One client command (``reverie ARGS``) against the runtime ``env`` names."""
+    return subprocess.run([*REVERIE, *args], env=env, capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd)
+
+
+def status(env: dict[str, str], cwd: Path | None = None) -> dict[str, Any]:
+    """``reverie status --json``, which must succeed."""
+    done = reverie(env, "status", "--json", cwd=cwd)
+    assert done.returncode == 0, done.stderr
+    out: dict[str, Any] = json.loads(done.stdout)
+    return out

@@ -7,32 +7,29 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.mosquitto import Broker, Client
+from tests.reverie_process import reverie as run_cli
 from tests.reverie_process import start_runtime
+from tests.reverie_process import status as status_json
 from tests.waiting import wait_for
 
-REVERIE = [sys.executable, "-m", "actors.cli"]
 NS = "test-edge"
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def reverie(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*REVERIE, *args], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
+    return run_cli(env, *args, cwd=ROOT)
 
 
-def status(env: dict[str, str]) -> dict[str, object]:
-    done = reverie(env, "status", "--json")
-    assert done.returncode == 0, done.stderr
-    out: dict[str, object] = json.loads(done.stdout)
-    return out
+def status(env: dict[str, str]) -> dict[str, Any]:
+    return status_json(env, cwd=ROOT)
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +58,7 @@ def running(ray_instance: str, tmp_path_factory: pytest.TempPathFactory, model_c
 
 def test_status_shows_the_bridge_fixes_and_presence(running: dict[str, str],
                                                     broker: Broker) -> None:
-    assert wait_for(lambda: status(running)["mqtt"]["connected"] is True, 60)  # type: ignore[index]
+    assert wait_for(lambda: status(running)["mqtt"]["connected"] is True, 60)
     sensor = Client(broker.port)
     try:
         now = time.time()
@@ -82,9 +79,9 @@ def test_status_shows_the_bridge_fixes_and_presence(running: dict[str, str],
 
         assert wait_for(settled, 60), status(running)
         s = status(running)
-        assert s["mqtt"]["rejected"] == {"malformed-json": 1, "wrong-type": 1}  # type: ignore[index]
-        assert s["location"]["last_fix_at"] == int(now) - 59  # type: ignore[index]
-        household = s["presence"]["household"]  # type: ignore[index]
+        assert s["mqtt"]["rejected"] == {"malformed-json": 1, "wrong-type": 1}
+        assert s["location"]["last_fix_at"] == int(now) - 59
+        household = s["presence"]["household"]
         assert household["state"] == "home" and household["place"] == "kitchen_motion"
         # the occupancy was activity at home: the idle gate is closed
         idle = json.loads(reverie(running, "jobs", "--json").stdout)["idle"]
@@ -95,7 +92,7 @@ def test_status_shows_the_bridge_fixes_and_presence(running: dict[str, str],
         assert "location: 2 fixes" in words.stdout
         assert "household" in words.stdout and "kitchen_motion" in words.stdout
         # the bridge is still there
-        assert status(running)["mqtt"]["connected"] is True  # type: ignore[index]
+        assert status(running)["mqtt"]["connected"] is True
     finally:
         sensor.close()
 
@@ -143,8 +140,8 @@ def test_the_gps_reader_stores_fixes_and_publishes_them(
         # the drive replays once, after the runtime is up (the reader retries until then)
         fake.start(DATA / "drive.nmea", port)
         assert wait_for(lambda: status(env)["location"]["fixes"] >= 3, 60), \
-            status(env)  # type: ignore[index]
-        assert status(env)["actors"]["edge"] == "ok"  # type: ignore[index]
+            status(env)
+        assert status(env)["actors"]["edge"] == "ok"
         assert wait_for(lambda: len(watcher.messages("reverie/gps/hub")) >= 1, 30)
         published = json.loads(watcher.messages("reverie/gps/hub")[0].payload)
         assert published["source"] == "gpsd" and published["person"] == "hub"

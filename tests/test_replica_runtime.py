@@ -7,27 +7,23 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+from tests.reverie_process import reverie as run_cli
 from tests.reverie_process import start_runtime
+from tests.reverie_process import status as status_json
 from tests.waiting import wait_for
 
-REVERIE = [sys.executable, "-m", "actors.cli"]
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def reverie(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*REVERIE, *args], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
+    return run_cli(env, *args, cwd=ROOT)
 
 
 def status(env: dict[str, str]) -> dict[str, Any]:
-    done = reverie(env, "status", "--json")
-    assert done.returncode == 0, done.stderr
-    out: dict[str, Any] = json.loads(done.stdout)
-    return out
+    return status_json(env, cwd=ROOT)
 
 
 def stop(proc: subprocess.Popen[str]) -> None:
