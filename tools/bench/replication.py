@@ -46,8 +46,8 @@ serves the actor runs; each run has a fresh store, fresh actors and a fresh repl
    lists the replica's level-0 directory (``<replica>/ltx/0``, where Litestream
    v0.5 uploads one ``<minTXID>-<maxTXID>.ltx`` file per WAL read) every 50 ms,
    reads each new file, decodes its pages (LTX: 100-byte header, then per page
-   a 6-byte header and a size-prefixed raw LZ4 block; decoded here in pure
-   Python) and searches the page images for markers. An LTX file holds only
+   a 6-byte header and a size-prefixed raw LZ4 block, decoded with the ``lz4``
+   package) and searches the page images for markers. An LTX file holds only
    committed transactions and is applied whole, so the first uploaded file with
    a page holding a marker is the moment a restore would include that append.
    Lag = (listing time at which that file was first seen) - (append returned):
@@ -133,46 +133,12 @@ class Incomplete(Exception):
 
 def lz4_block(src: bytes, size: int) -> bytes:
     """Decompress one raw LZ4 block (no frame) that expands to ``size`` bytes."""
-    dst = bytearray()
-    i, n = 0, len(src)
-    while i < n:
-        token = src[i]
-        i += 1
-        lit = token >> 4
-        if lit == 15:
-            while True:
-                b = src[i]
-                i += 1
-                lit += b
-                if b != 255:
-                    break
-        dst += src[i:i + lit]
-        i += lit
-        if i >= n:
-            break
-        off = src[i] | (src[i + 1] << 8)
-        i += 2
-        ml = token & 15
-        if ml == 15:
-            while True:
-                b = src[i]
-                i += 1
-                ml += b
-                if b != 255:
-                    break
-        ml += 4
-        start = len(dst) - off
-        if off <= 0 or start < 0:
-            raise ValueError("bad LZ4 match offset")
-        if off >= ml:
-            dst += dst[start:start + ml]
-        else:  # overlapping copy: the last ``off`` bytes repeated
-            pattern = bytes(dst[start:])
-            reps, rest = divmod(ml, off)
-            dst += pattern * reps + pattern[:rest]
-    if len(dst) != size:
-        raise ValueError(f"LZ4 block gave {len(dst)} bytes, expected {size}")
-    return bytes(dst)
+    import lz4.block
+
+    out: bytes = lz4.block.decompress(src, uncompressed_size=size)
+    if len(out) != size:
+        raise ValueError(f"LZ4 block gave {len(out)} bytes, expected {size}")
+    return out
 
 
 def read_ltx(data: bytes) -> tuple[dict[str, int], list[bytes]]:
