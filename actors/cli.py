@@ -340,6 +340,20 @@ def cmd_backup_restore(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def cmd_viz(args: argparse.Namespace, settings: Settings) -> int:
+    """Draw a picture of memory into a PNG file, from the store read-only: no
+    runtime needed, safe beside a running one."""
+    from runtime.viz import render_to_file
+
+    try:
+        path = render_to_file(args.kind, settings, Path(args.out))
+    except ValueError as exc:
+        print(f"reverie: error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(path)
+    return EXIT_OK
+
+
 def _read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     try:
         fh = path.open(encoding="utf-8")
@@ -615,6 +629,12 @@ def parser() -> argparse.ArgumentParser:
     restore.add_argument("--timestamp", metavar="T", help="a point in time (RFC 3339)")
     restore.add_argument("--to", metavar="PATH", help="a new file instead of the live store")
     restore.set_defaults(func=cmd_backup_restore)
+
+    viz = sub.add_parser("viz", help="draw memory as a picture (PNG): the memory map, "
+                         "a timeline, the decay curves")
+    viz.add_argument("kind", choices=("map", "timeline", "decay"))
+    viz.add_argument("--out", required=True, metavar="FILE.png", help="where to write it")
+    viz.set_defaults(func=cmd_viz)
 
     from actors import doctor  # doctor log | rollback | check-facts
 
