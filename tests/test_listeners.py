@@ -305,6 +305,56 @@ def test_http_api_needs_its_token(embedded_runtime: Started) -> None:
     assert answer["choices"][0]["message"]["content"]
 
 
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                ppid = int(_read(f"/proc/{entry}/stat").rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def test_dashboard_answers_the_admin_with_only_the_modules_a_hub_uses(
+        embedded_runtime: Started) -> None:
+    """The dashboard lists the actors (with Ray's token, 401 without), and does not
+    start Ray's Data, Train, Serve and Jobs modules (a process each)."""
+    port = embedded_runtime.env["REVERIE_RUNTIME__DASHBOARD_PORT"]
+    token = (embedded_runtime.data_dir / "ray-auth-token").read_text().strip()
+    url = f"http://127.0.0.1:{port}/api/v0/actors?limit=100"
+
+    def get(headers: dict[str, str]) -> tuple[int, Any]:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
+                                        timeout=CLIENT_TIMEOUT_S) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, None
+
+    assert get({})[0] == 401
+    status, body = get({"Authorization": f"Bearer {token}"})
+    assert status == 200
+    classes = {a.get("class_name") for a in body["data"]["result"]["result"]}
+    assert {"TranscriptActor", "RecallActor", "TurnsActor", "HttpActor"} <= classes
+    names = []
+    for pid in _descendants(embedded_runtime.proc.pid):
+        try:
+            names.append(_read(f"/proc/{pid}/cmdline").replace("\0", " "))
+        except OSError:
+            continue
+    modules = [n for n in names if "ray-dashboard-" in n]
+    assert any("StateHead" in n for n in modules), names
+    assert not [n for n in modules if any(m in n for m in ("DataHead", "TrainHead",
+                                                           "ServeHead", "JobHead"))]
+
+
 def test_sigterm_stops_it_cleanly(embedded_runtime: Started) -> None:
     proc = embedded_runtime.proc
     assert proc.poll() is None, "".join(embedded_runtime.output)
