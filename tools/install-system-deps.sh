@@ -22,6 +22,9 @@ command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mos
 command -v gpsd >/dev/null 2>&1 || [ -x /usr/sbin/gpsd ] || need+=(gpsd)
 command -v gpsfake >/dev/null 2>&1 || need+=(gpsd-clients)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
+# the memory page's browser test (selenium drives Debian's headless Chromium)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || need+=(chromium-driver)
 if [ ${#need[@]} -eq 0 ]; then
   exit 0
 fi
