@@ -39,6 +39,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayTaskError
 
+from actors import metrics
 from actors.common import BadRequest, accept, open_store, setup_logging, unwrap
 from actors.handles import TranscriptClient
 from actors.job_actor import JobActor
@@ -294,11 +295,13 @@ class CronActor:
             log.warning("job %s failed: %s", pending.name, jobs.error_text(exc))
             with self._lock:
                 pending.run = jobs.end_run(self.store, run_id, self._now(pending.now), error=exc)
+            metrics.job_run(pending.name, "failed")
             return
         log.info("job %s done: %d items %s", pending.name, result.items, result.detail)
         pending.detail = result.detail
         with self._lock:
             pending.run = jobs.end_run(self.store, run_id, self._now(pending.now), result=result)
+        metrics.job_run(pending.name, "ok")
 
     def _execute(self, name: str, target: str, run_id: int, now: float | None) -> JobResult:
         """Run the job in an actor of its own, then kill that actor."""

@@ -24,6 +24,7 @@ from dataclasses import asdict
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from actors import metrics
 from actors.common import EDGE, BadRequest, accept, setup_logging
 from actors.handles import CronClient, TranscriptClient
 from actors.messages import (
@@ -118,7 +119,7 @@ class EdgeActor:
 
             self.bridge = Bridge(settings.mqtt, TopicMap.from_settings(settings.mqtt),
                                  _ActorSink(settings), jobs=list(registry(settings)),
-                                 version=_version())
+                                 version=_version(), observe=metrics.mqtt_message)
             self.bridge.start()
         if settings.gps.enabled:
             from device.gps import GpsReader

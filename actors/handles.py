@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Iterator
 from typing import Any, ClassVar, Literal, TypeVar
 
 import ray
@@ -34,6 +35,7 @@ from actors.common import (
     TRANSCRIPT,
     TURNS,
     BadRequest,
+    bad_request,
     own_ref,
     unwrap,
 )
@@ -43,12 +45,14 @@ from actors.messages import (
     AddEpisode,
     AddFact,
     AppendTurns,
+    BrowseMemories,
     ChangeMemory,
     Compact,
     Compacted,
     DropFromIndex,
     EdgeInfo,
     EdgeRequest,
+    EditMemory,
     Embed,
     Embedded,
     EpisodeWritten,
@@ -62,6 +66,8 @@ from actors.messages import (
     LocationInfo,
     LocationRequest,
     MemoryMatches,
+    MemoryPage,
+    MemoryView,
     Presence,
     PresenceReport,
     PresenceRequest,
@@ -77,12 +83,14 @@ from actors.messages import (
     Tick,
     Ticked,
     TouchEpisodes,
+    TurnDelta,
     TurnList,
     TurnReply,
     TurnsAppended,
     UserTurn,
+    ViewMemory,
 )
-from runtime.refs import MemoryService, change
+from runtime.refs import MemoryService, NoSuchItem, change, edit
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +104,12 @@ GONE = (ActorDiedError, ActorUnavailableError)
 
 class NoActor(RuntimeError):
     """No actor of that name is running in the namespace."""
+
+
+class NoSuchMemory(BadRequest, NoSuchItem):
+    """A well-formed ref that names no stored item (``no fact 12``): a
+    ``BadRequest`` like any other refused request, and a
+    :class:`runtime.refs.NoSuchItem`, so the HTTP API can answer 404."""
 
 
 class ActorClient:
@@ -192,6 +206,11 @@ class TranscriptClient(ActorClient):
     def change(self, msg: ChangeMemory) -> Ack:
         return self.call("change", msg, reply=Ack)
 
+    def edit(self, msg: EditMemory) -> Ack:
+        """Always refused (the transcript is append-only); the ack type keeps
+        the three owners alike."""
+        return self.call("edit", msg, reply=Ack)
+
     def counts(self, timeout: float | None = None) -> dict[str, int]:
         return self.call("counts", reply=dict, retry=True, timeout=timeout)
 
@@ -224,6 +243,13 @@ class RecallClient(ActorClient):
 
     def find(self, msg: FindMemories) -> MemoryMatches:
         return self.call("find", msg, reply=MemoryMatches, retry=True)
+
+    def browse(self, msg: BrowseMemories) -> MemoryPage:
+        return self.call("browse", msg, reply=MemoryPage, retry=True)
+
+    def view(self, msg: ViewMemory) -> MemoryView:
+        """One memory; :class:`NoSuchMemory` when the ref names nothing."""
+        return self.call("view", msg, reply=MemoryView, retry=True)
 
     def save(self, timeout: float | None = None) -> Ack:
         return self.call("save", reply=Ack, retry=True, timeout=timeout)
@@ -261,6 +287,19 @@ class RecallClient(ActorClient):
             log.warning("index update after %s of %s:%d failed: %s", change, kind, item_id,
                         type(exc).__name__)
 
+    def after_edit(self, kind: Kind, item_id: int) -> None:
+        """Bring the index in step after a committed edit of an item's text: its
+        old vector goes and the new text is embedded now (a disabled item stays
+        out until it is enabled). A failure is logged, not raised, as in
+        :meth:`after_change`: the edit is committed, and recall joins every
+        vector hit against the row."""
+        try:
+            self.drop(DropFromIndex(kind=kind, item_id=item_id))
+            self.sync(SyncIndex(refs=[f"{kind}:{item_id}"]))
+        except Exception as exc:
+            log.warning("index update after an edit of %s:%d failed: %s", kind, item_id,
+                        type(exc).__name__)
+
     def sync_some_async(self) -> Any:
         """A writer's "there is news" notification; returns its object ref."""
         return self.submit("sync_some")
@@ -278,6 +317,10 @@ class EpisodesClient(ActorClient):
     def change(self, msg: ChangeMemory) -> Ack:
         return self.call("change", msg, reply=Ack)
 
+    def edit(self, msg: EditMemory) -> Ack:
+        """Rewrite an episode's gist; the ack's detail is its ref."""
+        return self.call("edit", msg, reply=Ack)
+
     def touch_async(self, msg: TouchEpisodes) -> Any:
         """Refresh used episodes without waiting; returns the object ref."""
         return self.submit("touch", msg)
@@ -292,12 +335,30 @@ class GraphClient(ActorClient):
     def change(self, msg: ChangeMemory) -> Ack:
         return self.call("change", msg, reply=Ack)
 
+    def edit(self, msg: EditMemory) -> Ack:
+        """Correct a fact: a new claim supersedes it; the ack's detail is the new ref."""
+        return self.call("edit", msg, reply=Ack)
+
 
 class TurnsClient(ActorClient):
     name = TURNS
 
     def process(self, msg: UserTurn) -> TurnReply:
         return self.call("process", msg, reply=TurnReply)
+
+    def process_stream(self, msg: UserTurn) -> Iterator[TurnDelta | TurnReply]:
+        """The turn's reply piece by piece as the actor yields it (a Ray
+        streaming generator), ending with the stored :class:`TurnReply`. An
+        error in the actor is raised from the iterator, as itself."""
+        gen = self.handle.process_stream.options(num_returns="streaming").remote(msg)
+        for ref in gen:
+            try:
+                out = ray.get(ref, timeout=self.timeout_s)
+            except RayTaskError as exc:
+                raise unwrap(exc) from None
+            if not isinstance(out, TurnDelta | TurnReply):
+                raise TypeError(f"{self.name}.process_stream yielded {type(out).__name__}")
+            yield out
 
     def waiting(self) -> dict[str, int]:
         """Per busy channel, the turns waiting behind the one running."""
@@ -374,18 +435,25 @@ def owner(ref: str, namespace: str,
         raise ValueError(f"{ref!r} is not a memory ref (turn:, episode: or fact:)") from None
 
 
+DONE: dict[str, str] = {"disable": "disabled", "enable": "enabled", "delete": "deleted",
+                        "pin": "pinned", "unpin": "unpinned"}
+
+
 def change_memory(recall: RecallClient, service: MemoryService, msg: ChangeMemory,
                   kind: Kind) -> Ack:
     """An owner's side of :class:`ChangeMemory`: change the item through the
     service that owns it (:func:`runtime.refs.change`) and keep Recall's index
-    in step. A ref of another kind, or an id with no item, is a BadRequest.
+    in step. A ref of another kind is a BadRequest, an id with no item a
+    :class:`NoSuchMemory`, a change the kind does not have (pinning a turn) a
+    BadRequest.
 
     Forgetting drops the vector first (the row's delete takes its vector row,
     and so the index label, with it); if the forget then fails, the item is
-    handed back to the indexer."""
+    handed back to the indexer. Pinning changes only a weight recall computes
+    from the row: the index is left as it is."""
     ref = own_ref(msg.ref, kind)
     if service.get(ref.id) is None:
-        raise BadRequest(f"no {kind} {ref.id}")
+        raise NoSuchMemory(f"no {kind} {ref.id}")
     if msg.change == "delete":
         recall.before_forget(kind, ref.id)
         try:
@@ -393,7 +461,33 @@ def change_memory(recall: RecallClient, service: MemoryService, msg: ChangeMemor
         except BaseException:
             recall.after_change(kind, ref.id, "enable")
             raise
+    elif msg.change in ("pin", "unpin"):
+        try:
+            change(service, ref, msg.change, msg.writer)
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
     else:
         change(service, ref, msg.change, msg.writer)
         recall.after_change(kind, ref.id, msg.change)
-    return Ack(detail=f"{kind} {ref.id} {msg.change}d")
+    return Ack(detail=f"{kind} {ref.id} {DONE[msg.change]}")
+
+
+def edit_memory(recall: RecallClient, service: MemoryService, msg: EditMemory,
+                kind: Kind) -> Ack:
+    """An owner's side of :class:`EditMemory`: edit the item through the service
+    that owns it (:func:`runtime.refs.edit`), then have Recall re-embed what
+    now holds the text. The ack's detail is that ref (an episode keeps its
+    own; a fact's correction is a new fact). A ref of another kind, or an edit
+    refused (a turn, a fact that is history), is a BadRequest; an id with no
+    item a :class:`NoSuchMemory`."""
+    ref = own_ref(msg.ref, kind)
+    if service.get(ref.id) is None:
+        raise NoSuchMemory(f"no {kind} {ref.id}")
+    try:
+        now = edit(service, ref, msg.text, msg.writer)
+    except NoSuchItem as exc:  # gone in between
+        raise NoSuchMemory(str(exc)) from None
+    except ValueError as exc:  # refused; pydantic's ValidationError is one too
+        raise bad_request(exc) from None
+    recall.after_edit(now.kind, now.id)
+    return Ack(detail=str(now))

@@ -30,7 +30,10 @@ STOP_TIMEOUT_S = 10.0
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only for
+    # TCP sockets it recognises as such; without it every answer of two writes
+    # waited ≈ 40 ms on the client's delayed ACK (tools/bench/http.py).
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -47,7 +50,8 @@ class HttpActor:
         setup_logging(settings, HTTP)
         import uvicorn
 
-        from actors.http_app import ActorBackend, load_or_create_token, make_app
+        from actors.http_app import load_or_create_token, make_app
+        from actors.http_backend import ActorBackend
 
         http = settings.http
         app = make_app(settings, load_or_create_token(settings), ActorBackend(settings))

@@ -14,31 +14,28 @@ answer is 401 before anything is read or called. Bodies over
 bytes actually received). Malformed bodies get FastAPI's 422, which names the
 field.
 
-OpenAI-compatible ``POST /v1/chat/completions`` (not streamed yet: ``stream:
-true`` is a 400): the last user message is one turn of the channel named by
-the ``X-Reverie-Channel`` header (default ``chat``), spoken by the
-``X-Reverie-Speaker`` header or the ``user`` field. The reply carries the
-memories used as the extension field ``reverie: {"citations": [...],
-"provider": ..., "turn_id": ..., "reply_id": ...}``.
+The parts: REST memories (:mod:`actors.http_memories`), OpenAI-compatible chat
+(:mod:`actors.http_openai`), Ollama-compatible chat (:mod:`actors.http_ollama`),
+the MCP server (:mod:`actors.http_mcp`) and the memory page
+(:mod:`actors.http_page`); each adds its routes through ``install``.
 
 Logs never hold a request body or the token (uvicorn's access log is off).
 """
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import logging
 import secrets
-import time
-import uuid
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from fastapi import FastAPI, Header, Query, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from actors import metrics
+from actors.http_backend import Backend
 from actors.messages import MAX_TURN_CHARS, Recall, Recalled, Status, TurnReply, UserTurn
 from runtime.config import Settings
 from runtime.files import write_private
@@ -46,8 +43,6 @@ from runtime.files import write_private
 log = logging.getLogger(__name__)
 
 TOKEN_FILE = "http-token"
-CALL_TIMEOUT_S = 120.0
-NOT_STREAMED = "streaming is not implemented yet; send the request without \"stream\": true"
 
 
 # -- the token ----------------------------------------------------------------
@@ -71,64 +66,6 @@ def load_or_create_token(settings: Settings) -> str:
     return token
 
 
-# -- the backend ----------------------------------------------------------------
-
-class Backend(Protocol):
-    def turn(self, msg: UserTurn) -> TurnReply: ...
-    def recall(self, msg: Recall) -> Recalled: ...
-    def remember(self, text: str) -> tuple[str, str]: ...
-    def change(self, ref: str, change: str) -> str: ...
-    def status(self) -> Status: ...
-
-
-class ActorBackend:
-    """The actors, through their typed clients (the same calls as ``reverie``'s commands)."""
-
-    def __init__(self, settings: Settings, timeout_s: float = CALL_TIMEOUT_S) -> None:
-        from actors.handles import GraphClient, RecallClient, TurnsClient
-
-        ns = settings.runtime.namespace
-        self.settings = settings
-        self.namespace = ns
-        self.timeout_s = timeout_s
-        self.turns = TurnsClient(ns, timeout_s)
-        self.recall_client = RecallClient(ns, timeout_s)
-        self.graph = GraphClient(ns, timeout_s)
-
-    def turn(self, msg: UserTurn) -> TurnReply:
-        return self.turns.process(msg)
-
-    def recall(self, msg: Recall) -> Recalled:
-        return self.recall_client.recall(msg)
-
-    def remember(self, text: str) -> tuple[str, str]:
-        """An explicit "remember": a user-managed fact (as ``reverie remember``)."""
-        from actors.messages import AddFact
-        from runtime.facts import FactIn
-
-        key = "note-" + hashlib.sha1(text.strip().lower().encode()).hexdigest()[:10]
-        fact = FactIn(kind="user_specific", subject="user", key=key, value=text,
-                      confidence=1.0, source="user", user_managed=True)
-        written = self.graph.add(AddFact(fact=fact, writer="http"))
-        self.recall_client.sync()
-        return f"fact:{written.fact_id}", written.action
-
-    def change(self, ref: str, change: str) -> str:
-        from actors.handles import owner
-        from actors.messages import ChangeMemory
-        from runtime.refs import parse_ref
-
-        parsed = str(parse_ref(ref))
-        ack = owner(parsed, self.namespace, self.timeout_s).change(
-            ChangeMemory(ref=parsed, change=change, writer="http"))  # type: ignore[arg-type]
-        return str(ack.detail)
-
-    def status(self) -> Status:
-        from actors.status import gather_status
-
-        return gather_status(self.settings)
-
-
 # -- ASGI guards: the token, then the body size ------------------------------------
 
 def _error(status: int, message: str, kind: str) -> JSONResponse:
@@ -137,12 +74,24 @@ def _error(status: int, message: str, kind: str) -> JSONResponse:
 
 class Guard:
     """Bearer token on every request, then the body limit (pure ASGI: nothing of
-    a refused request is read, no endpoint runs)."""
+    a refused request is read, no endpoint runs).
+
+    The memory page's paths (:func:`actors.http_page.is_page_path`: ``/``,
+    ``/login``, ``/logout``, ``/timeline``, ``/pictures``, ``/memories/…``,
+    ``/viz/…``) may carry the page's session cookie instead (HttpOnly, derived
+    from the token: :class:`actors.http_page.PageAuth`), and ``/login`` and
+    ``/logout`` are open; without either, a page GET is sent to ``/login``
+    (303) and anything else is 401. Every other path (``/v1/…``, ``/api/…``,
+    ``/mcp``, ``/openapi.json``) takes the bearer token only."""
 
     def __init__(self, app: Any, token: str, max_body_bytes: int) -> None:
+        from actors import http_page
+
         self.app = app
         self.token = token.encode()
         self.limit = max_body_bytes
+        self.page = http_page
+        self.page_auth = http_page.PageAuth(token)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -151,9 +100,23 @@ class Guard:
         headers = dict(scope.get("headers") or [])
         auth = headers.get(b"authorization", b"")
         scheme, _, given = auth.partition(b" ")
-        if scheme.lower() != b"bearer" or not hmac.compare_digest(given.strip(), self.token):
-            response = _error(401, "a valid bearer token is required", "unauthorized")
-            response.headers["WWW-Authenticate"] = "Bearer"
+        bearer = scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token)
+        path = scope.get("path", "")
+        page = self.page.is_page_path(path)
+        if page:
+            scope[self.page.SCOPE_KEY] = self.page_auth
+        if not bearer and not (page and (self.page.is_open_path(path)
+                                         or self.page_auth.cookie_ok(headers.get(b"cookie")))):
+            if page and scope.get("method") in ("GET", "HEAD"):
+                from fastapi.responses import RedirectResponse
+
+                response: Any = RedirectResponse("/login", status_code=303,
+                                                 headers={"Cache-Control": "no-store"})
+            elif page:
+                response = _error(401, "log in first (/login)", "unauthorized")
+            else:
+                response = _error(401, "a valid bearer token is required", "unauthorized")
+                response.headers["WWW-Authenticate"] = "Bearer"
             await response(scope, receive, send)
             return
         length = headers.get(b"content-length")
@@ -188,6 +151,32 @@ class Guard:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+class Metered:
+    """Counts every HTTP request by method, route template and status
+    (``actors.metrics``: never the raw path, which can hold a ref or a query)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+
+        async def sending(message: Any) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            route = getattr(scope.get("route"), "path", None) or "-"
+            metrics.http_request(scope.get("method", "-"), route, status)
 
 
 # -- request and response shapes ------------------------------------------------
@@ -226,29 +215,6 @@ class Changed(BaseModel):
     detail: str
 
 
-class ChatMessage(BaseModel):
-    role: str
-    content: str | list[dict[str, Any]] | None = None
-
-
-class ChatRequest(BaseModel):
-    """OpenAI's chat-completions request; fields Reverie does not use are accepted."""
-
-    model_config = ConfigDict(extra="allow")
-
-    model: str = Field(min_length=1, max_length=200)
-    messages: list[ChatMessage] = Field(min_length=1)
-    stream: bool = False
-    user: str | None = Field(default=None, max_length=200)
-
-
-def _text_of(message: ChatMessage) -> str:
-    if isinstance(message.content, str):
-        return message.content
-    parts = message.content or []
-    return "".join(str(p.get("text", "")) for p in parts if p.get("type") == "text")
-
-
 # -- the app ----------------------------------------------------------------------
 
 def make_app(settings: Settings, token: str, backend: Backend) -> Any:
@@ -257,9 +223,6 @@ def make_app(settings: Settings, token: str, backend: Backend) -> Any:
                   description="Reverie's memory runtime over HTTP. Every request needs "
                               "`Authorization: Bearer <token>` (the token is in "
                               "`<data dir>/http-token`).")
-    aliases = dict(settings.http.models)
-    upstream = [p.model for p in settings.llm.providers]
-    known = list(dict.fromkeys([*aliases, *upstream, "reverie"]))
 
     @app.exception_handler(ValueError)
     async def _bad_request(request: Request, exc: ValueError) -> JSONResponse:
@@ -319,41 +282,10 @@ def make_app(settings: Settings, token: str, backend: Backend) -> Any:
         """The actors, the counts, the notice (as ``reverie status``)."""
         return backend.status()
 
-    @app.get("/v1/models", tags=["openai"])
-    def models() -> dict[str, Any]:
-        """The models a chat-completions request may name: the aliases of
-        ``[http.models]``, the upstream models, and ``reverie``."""
-        now = int(time.time())
-        return {"object": "list", "data": [
-            {"id": name, "object": "model", "created": now, "owned_by": "reverie"}
-            for name in known]}
+    from actors import http_mcp, http_memories, http_ollama, http_openai, http_page
 
-    @app.post("/v1/chat/completions", tags=["openai"], response_model=None)
-    def chat(body: ChatRequest,
-             x_reverie_speaker: str | None = Header(default=None, max_length=200),
-             x_reverie_channel: str = Header(default="chat", min_length=1,
-                                             max_length=200)) -> JSONResponse | dict[str, Any]:
-        """OpenAI-compatible chat completion (not streamed): the last user message is
-        one turn (as ``reverie chat``). Extension: ``reverie.citations``."""
-        if body.stream:
-            return _error(400, NOT_STREAMED, "invalid_request_error")
-        if body.model not in known:
-            return _error(404, f"model {body.model!r} is not served here; see /v1/models",
-                          "model_not_found")
-        users = [m for m in body.messages if m.role == "user"]
-        if not users or not _text_of(users[-1]).strip():
-            return _error(400, "messages: no user message with text", "invalid_request_error")
-        reply = backend.turn(UserTurn(channel=x_reverie_channel, text=_text_of(users[-1]),
-                                      speaker=x_reverie_speaker or body.user))
-        return {
-            "id": f"chatcmpl-{reply.reply_id if reply.reply_id is not None else uuid.uuid4().hex}",
-            "object": "chat.completion", "created": int(time.time()), "model": body.model,
-            "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
-                         "message": {"role": "assistant", "content": reply.text}}],
-            "reverie": {"citations": reply.citations, "provider": reply.provider,
-                        "turn_id": reply.turn_id, "reply_id": reply.reply_id,
-                        "notice": reply.notice},
-        }
+    for part in (http_memories, http_openai, http_ollama, http_mcp, http_page):
+        part.install(app, settings, backend)
 
-    return Guard(app, token, settings.http.max_body_bytes)
+    return Metered(Guard(app, token, settings.http.max_body_bytes))
 

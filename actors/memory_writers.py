@@ -14,13 +14,14 @@ from actors.common import (
     open_store,
     setup_logging,
 )
-from actors.handles import RecallClient, change_memory
+from actors.handles import RecallClient, change_memory, edit_memory
 from actors.messages import (
     Ack,
     AddEpisode,
     AddFact,
     ChangeMemory,
     DropFromIndex,
+    EditMemory,
     EpisodeWritten,
     FactWritten,
     TouchEpisodes,
@@ -65,6 +66,11 @@ class EpisodesActor:
         """Disable, enable or forget one episode; then bring the index in step."""
         return change_memory(self.recall, self.episodes, accept(ChangeMemory, msg), "episode")
 
+    def edit(self, msg: EditMemory) -> Ack:
+        """Rewrite one episode's gist (write log, keyword index by trigger); its
+        vector is dropped and the new gist embedded. The ack's detail is its ref."""
+        return edit_memory(self.recall, self.episodes, accept(EditMemory, msg), "episode")
+
     def ping(self) -> str:
         return "ok"
 
@@ -92,6 +98,11 @@ class GraphActor:
     def change(self, msg: ChangeMemory) -> Ack:
         """Disable, enable or forget one fact; then bring the index in step."""
         return change_memory(self.recall, self.graph, accept(ChangeMemory, msg), "fact")
+
+    def edit(self, msg: EditMemory) -> Ack:
+        """Correct one fact: a new user-managed claim supersedes it (history
+        kept) and is indexed at once. The ack's detail is the new fact's ref."""
+        return edit_memory(self.recall, self.graph, accept(EditMemory, msg), "fact")
 
     def ping(self) -> str:
         return "ok"

@@ -20,6 +20,10 @@ older senders keep working.
 | AddFact            | Graph.add                | FactWritten      |
 | ChangeMemory       | owner of the ref .change | Ack              |
 | UserTurn           | Turns.process            | TurnReply        |
+| UserTurn           | Turns.process_stream     | TurnDelta…, TurnReply (streamed) |
+| EditMemory         | owner of the ref .edit   | Ack (detail: the new ref) |
+| BrowseMemories     | Recall.browse            | MemoryPage       |
+| ViewMemory         | Recall.view              | MemoryView (none: NoSuchMemory) |
 | StatusRequest      | (actors.status, no actor) | Status          |
 | Compact            | Transcript.compact       | Compacted        |
 | Activity           | Cron.activity            | Ack              |
@@ -34,7 +38,7 @@ older senders keep working.
 | EdgeRequest        | Edge.stats               | EdgeInfo         |
 | PublishFix         | Edge.publish_fix         | Ack              |
 
-``ChangeMemory`` goes to the actor that owns the ref's kind
+``ChangeMemory`` and ``EditMemory`` go to the actor that owns the ref's kind
 (``actors.common.OWNERS``: ``turn:`` Transcript, ``episode:`` Episodes,
 ``fact:`` Graph). Typed clients for every row are in ``actors/handles.py``.
 Actors validate what arrives again (``actors.common.accept``): a message built
@@ -263,11 +267,78 @@ class ChangeMemory(Message):
     """Disable (hide from recall, reversible), enable, or delete (for good: its
     text, vector and keyword rows go; the write log keeps only that it was
     deleted, when and by whom) one memory: ``turn:12``, ``episode:3``,
-    ``fact:7``. Answered by the owner of the ref's kind (``OWNERS``)."""
+    ``fact:7``; or pin it (memory level ``seared``: it never fades) or unpin it
+    (a pinned one becomes ``vivid``). Only episodes and facts have a level:
+    pinning a turn is refused. Answered by the owner of the ref's kind
+    (``OWNERS``)."""
 
     ref: Ref
-    change: Literal["disable", "enable", "delete"]
+    change: Literal["disable", "enable", "delete", "pin", "unpin"]
     writer: str = Field(default="cli", min_length=1, max_length=80)
+
+
+class EditMemory(Message):
+    """Change what a memory says: an episode's gist, a fact's value (a new
+    claim that supersedes the old one, history kept). Turns are the append-only
+    transcript: editing one is refused. Answered by the owner of the ref's kind
+    with an ``Ack`` whose ``detail`` is the ref that now holds the text."""
+
+    ref: Ref
+    text: str = Field(min_length=1, max_length=MAX_TURN_CHARS)
+    writer: str = Field(default="cli", min_length=1, max_length=80)
+
+
+# -- browsing ---------------------------------------------------------------
+
+MemoryKind = Literal["turn", "episode", "fact"]
+ALL_KINDS: tuple[MemoryKind, ...] = ("turn", "episode", "fact")
+
+
+class BrowseMemories(Message):
+    """A page of memories for people to look through (the memory page, REST,
+    MCP's timeline): some kinds, optionally only those containing every word of
+    ``text``, optionally written within ``[since, until)`` (epoch seconds),
+    newest first unless ``oldest_first``."""
+
+    kinds: list[MemoryKind] = Field(default_factory=lambda: list(ALL_KINDS),
+                                    min_length=1, max_length=3)
+    text: str | None = Field(default=None, max_length=MAX_TURN_CHARS)
+    since: float | None = None
+    until: float | None = None
+    include_disabled: bool = True
+    oldest_first: bool = False
+    limit: int = Field(default=50, ge=1, le=500)
+    offset: int = Field(default=0, ge=0, le=1_000_000)
+
+
+class MemoryView(Message):
+    """One memory as a person sees it."""
+
+    ref: str
+    kind: Literal["turn", "episode", "fact"]
+    item_id: int
+    text: str
+    created_at: float
+    disabled: bool
+    pinned: bool = False
+    level: str | None = None          # faint | normal | vivid | seared (episodes, facts)
+    channel: str | None = None
+    source: str | None = None
+    speaker: str | None = None        # turns: who spoke (or the role)
+    details: dict[str, Any] = Field(default_factory=dict)  # kind-specific fields
+
+
+class MemoryPage(Message):
+    items: list[MemoryView]
+    total: int                        # matching items over all pages
+
+
+class ViewMemory(Message):
+    """One memory by its ref, whatever its state (``Recall.view`` answers a
+    ``MemoryView``; a ref that names nothing is a ``BadRequest`` that is also a
+    ``runtime.refs.NoSuchItem``)."""
+
+    ref: Ref
 
 
 # -- the turn path ----------------------------------------------------------
@@ -279,8 +350,16 @@ class UserTurn(Message):
     speaker: str | None = Field(default=None, max_length=200)
     location: Location | None = None
     temporary: bool = False  # a temporary chat writes no memory and no transcript
+    # The upstream model (or provider name) to ask first; None: the configured order.
+    model: str | None = Field(default=None, min_length=1, max_length=200)
     # Optional caller-chosen id: resending the same turn never writes it twice.
     request_id: str | None = Field(default=None, min_length=1, max_length=80)
+
+
+class TurnDelta(Message):
+    """A piece of a reply as the language model writes it (streamed turns)."""
+
+    text: str
 
 
 class TurnReply(Message):

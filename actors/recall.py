@@ -1,25 +1,33 @@
-"""The Recall actor: owns the vectors table and the hnswlib indexes; answers recall."""
+"""The Recall actor: owns the vectors table and the hnswlib indexes; answers recall
+(and, reading the store, finds and browses memories for people)."""
 
 from __future__ import annotations
 
 import logging
+import time
 
 import ray
 
+from actors import metrics
 from actors.common import accept, bad_request, open_store, setup_logging
 from actors.embedder import RemoteEmbedder
-from actors.handles import EmbedderClient
+from actors.handles import EmbedderClient, NoSuchMemory
 from actors.messages import (
     Ack,
+    BrowseMemories,
     DropFromIndex,
     FindMemories,
     IndexSynced,
     MemoryMatch,
     MemoryMatches,
+    MemoryPage,
+    MemoryView,
     Recall,
     Recalled,
     SyncIndex,
+    ViewMemory,
 )
+from runtime import browse as browsing
 from runtime.clock import household_zone
 from runtime.config import Settings
 from runtime.fact_kinds import FactKinds
@@ -52,9 +60,12 @@ class RecallActor:
 
     def recall(self, msg: Recall) -> Recalled:
         msg = accept(Recall, msg)
-        return Recalled.of(self.recaller.recall(
+        started = time.perf_counter()
+        found = Recalled.of(self.recaller.recall(
             msg.query, now=msg.now, max_items=msg.max_items, max_tokens=msg.max_tokens,
             exclude=msg.exclude))
+        metrics.recall_latency((time.perf_counter() - started) * 1000)
+        return found
 
     def sync(self, msg: SyncIndex | None = None) -> IndexSynced:
         msg = SyncIndex() if msg is None else accept(SyncIndex, msg)
@@ -83,6 +94,7 @@ class RecallActor:
         synced = self.sync(SyncIndex(limit=SYNC_STEP))
         if synced.added >= SYNC_STEP:
             ray.get_runtime_context().current_actor.sync_some.remote()
+        metrics.queue_depth("index_pending", self.pending())
         return synced
 
     def drop(self, msg: DropFromIndex) -> Ack:
@@ -101,6 +113,24 @@ class RecallActor:
             MemoryMatch(ref=str(m.ref), text=m.text, created_at=m.created_at,
                         disabled=bool(m.disabled)) for m in found])
 
+    def browse(self, msg: BrowseMemories) -> MemoryPage:
+        """A page of memories for people to look through (runtime.browse)."""
+        msg = accept(BrowseMemories, msg)
+        try:
+            views, total = browsing.browse(self.store, msg)
+        except ValueError as exc:
+            raise bad_request(exc) from None
+        return MemoryPage(items=[_view(v) for v in views], total=total)
+
+    def view(self, msg: ViewMemory) -> MemoryView:
+        """One memory by its ref, whatever its state; NoSuchMemory when none."""
+        msg = accept(ViewMemory, msg)
+        ref = parse_ref(msg.ref)  # the message's pattern admits only good refs
+        found = browsing.get(self.store, ref)
+        if found is None:
+            raise NoSuchMemory(f"no {ref.kind} {ref.id}")
+        return _view(found)
+
     def save(self) -> Ack:
         self.index.save()
         self._unsaved = 0
@@ -108,3 +138,10 @@ class RecallActor:
 
     def ping(self) -> str:
         return "ok"
+
+
+def _view(view: browsing.View) -> MemoryView:
+    return MemoryView(ref=view.ref, kind=view.kind, item_id=view.item_id, text=view.text,
+                      created_at=view.created_at, disabled=view.disabled, pinned=view.pinned,
+                      level=view.level, channel=view.channel, source=view.source,
+                      speaker=view.speaker, details=view.details)

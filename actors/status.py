@@ -67,11 +67,14 @@ def _ask(call: Callable[[], T]) -> T | None:
         return None
 
 
-def gather_status(settings: Settings) -> Status:
+def gather_status(settings: Settings, timeout_s: float = PING_TIMEOUT_S) -> Status:
     """``reverie status``: every actor's ping, the counts, the notice, the edge.
 
     Asked of the actors themselves (by name, from any process joined to the
-    runtime's Ray), all pings at once."""
+    runtime's Ray), all pings at once. The pings share one deadline,
+    ``timeout_s``: an actor that has not answered by then is "down" (so a
+    hung actor costs ``timeout_s`` once, not per actor); each question after
+    them has ``timeout_s`` too."""
     ns = settings.runtime.namespace
     names = actors_for(settings)
     states: dict[str, str] = {}
@@ -81,23 +84,24 @@ def gather_status(settings: Settings) -> Status:
             pings[name] = ray.get_actor(name, namespace=ns).ping.remote()
         except ValueError:
             states[name] = "down: not running"
+    deadline = time.monotonic() + timeout_s
     for name, ref in pings.items():
         try:
-            states[name] = ray.get(ref, timeout=PING_TIMEOUT_S)
+            states[name] = ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
         except Exception as exc:
             states[name] = f"down: {type(exc).__name__}"
     states = {name: states[name] for name in names}
-    transcript = TranscriptClient(ns, PING_TIMEOUT_S)
-    cron = CronClient(ns, PING_TIMEOUT_S)
+    transcript = TranscriptClient(ns, timeout_s)
+    cron = CronClient(ns, timeout_s)
     if EDGE in names and settings.mqtt.enabled:
-        mqtt = _ask(lambda: EdgeClient(ns, PING_TIMEOUT_S).stats()) or EdgeInfo(
+        mqtt = _ask(lambda: EdgeClient(ns, timeout_s).stats()) or EdgeInfo(
             configured=True, connected=False, error="bridge not answering")
     else:
         mqtt = EdgeInfo(configured=False, connected=False,
                         error="no broker configured (mqtt.host)")
     return Status(namespace=ns, actors=states,
-                  counts=_ask(lambda: transcript.counts(timeout=PING_TIMEOUT_S)) or {},
+                  counts=_ask(lambda: transcript.counts(timeout=timeout_s)) or {},
                   notice=read_notice(settings.store.resolved_dir), mqtt=mqtt,
-                  location=_ask(lambda: transcript.location(timeout=PING_TIMEOUT_S)),
-                  presence=_ask(lambda: cron.presence_report(timeout=PING_TIMEOUT_S).people),
+                  location=_ask(lambda: transcript.location(timeout=timeout_s)),
+                  presence=_ask(lambda: cron.presence_report(timeout=timeout_s).people),
                   replica=read_replica_status(settings))

@@ -14,13 +14,14 @@ from actors.common import (
     open_store,
     setup_logging,
 )
-from actors.handles import RecallClient, change_memory
+from actors.handles import RecallClient, change_memory, edit_memory
 from actors.messages import (
     Ack,
     AppendTurns,
     ChangeMemory,
     Compact,
     Compacted,
+    EditMemory,
     FixesStored,
     LocationInfo,
     LocationRequest,
@@ -94,6 +95,11 @@ class TranscriptActor:
     def change(self, msg: ChangeMemory) -> Ack:
         """Disable, enable or forget one turn; then bring the index in step."""
         return change_memory(self.recall, self.transcript, accept(ChangeMemory, msg), "turn")
+
+    def edit(self, msg: EditMemory) -> Ack:
+        """Refused: the transcript is append-only (disable or delete the turn
+        instead). A turn that does not exist is a NoSuchMemory."""
+        return edit_memory(self.recall, self.transcript, accept(EditMemory, msg), "turn")
 
     def compact(self, msg: Compact) -> Compacted:
         """Record a continuity summary of a channel up to a watermark (written by

@@ -7,6 +7,12 @@ local time, answered by the language model, and the reply is written with the
 refs of the memories the model was given (its citations), in one call. A
 temporary turn writes nothing at all.
 
+:meth:`TurnsActor.process_stream` is the same path for streamed replies (a Ray
+streaming generator): it yields each piece of the reply as the language model
+sends it (:class:`TurnDelta`), then the stored :class:`TurnReply`. The reply is
+written once it is complete, also when nobody is reading the stream any more;
+a stream that breaks half-way keeps the words that came.
+
 Channels are served concurrently: the actor is threaded (the Supervisor sets
 ``max_concurrency``), so a slow language model in one room never holds up
 another. Within a channel, turns run one at a time in the order they reached
@@ -19,11 +25,15 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
 
 from pydantic import ValidationError
 
+from actors import metrics
 from actors.common import BadRequest, accept, bad_request, setup_logging
 from actors.handles import CronClient, EpisodesClient, RecallClient, TranscriptClient
 from actors.messages import (
@@ -31,14 +41,16 @@ from actors.messages import (
     AppendTurns,
     MemoryItem,
     Recall,
+    Recalled,
     RecentTurns,
     TouchEpisodes,
+    TurnDelta,
     TurnReply,
     UserTurn,
 )
 from runtime.clock import Clock, SystemClock, household_zone, local_datetime
 from runtime.config import ChannelSettings, Settings
-from runtime.llm import AllProvidersFailed, ChatMessage, LLMRequest, make_llm
+from runtime.llm import AllProvidersFailed, ChatMessage, LLMError, LLMRequest, make_llm
 from runtime.llm_queue import LLMHealth
 from runtime.persona import PersonaLoader
 from runtime.prompt import build_messages
@@ -48,13 +60,28 @@ log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 60.0
 ASSISTANT_SOURCE = "assistant"
+NO_ANSWER = "Sorry, I cannot answer right now."
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """A turn written and recalled for, ready for the language model."""
+
+    msg: UserTurn
+    user_turn: TurnIn
+    turn_id: int | None
+    memories: list[MemoryItem]
+    degraded: bool
+    request: LLMRequest
 
 
 class ChannelQueue:
     """One turn at a time per channel, first come first served; channels never
-    wait for each other."""
+    wait for each other. ``on_change`` hears the number of turns waiting, over
+    all channels, whenever it changes."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_change: Callable[[int], None] | None = None) -> None:
+        self._on_change = on_change or (lambda waiting: None)
         self._cond = threading.Condition()
         self._issued: dict[str, int] = {}   # next ticket to hand out, per channel
         self._serving: dict[str, int] = {}  # ticket allowed to run, per channel
@@ -67,10 +94,12 @@ class ChannelQueue:
             self._issued[channel] = ticket + 1
             if self._serving.get(channel, 0) != ticket:
                 self._waiting[channel] = self._waiting.get(channel, 0) + 1
+                self._on_change(sum(self._waiting.values()))
                 self._cond.wait_for(lambda: self._serving.get(channel, 0) == ticket)
                 self._waiting[channel] -= 1
                 if not self._waiting[channel]:
                     del self._waiting[channel]
+                self._on_change(sum(self._waiting.values()))
         try:
             yield
         finally:
@@ -100,7 +129,8 @@ class TurnsActor:
         self.recall = RecallClient(namespace, CALL_TIMEOUT_S)
         self.cron = CronClient(namespace, CALL_TIMEOUT_S)
         self.episodes = EpisodesClient(namespace, CALL_TIMEOUT_S)
-        self.channels = ChannelQueue()
+        self.channels = ChannelQueue(partial(metrics.queue_depth, "turns_waiting"))
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="turn-recall")
 
     def _user_turn_in(self, msg: UserTurn) -> TurnIn:
         try:
@@ -110,7 +140,7 @@ class TurnsActor:
         except ValidationError as exc:
             raise bad_request(exc) from None
 
-    def process(self, msg: UserTurn) -> TurnReply:
+    def _accept(self, msg: UserTurn) -> tuple[UserTurn, ChannelSettings, TurnIn]:
         msg = accept(UserTurn, msg)
         channel = self.settings.channels.get(msg.channel)
         if channel is None:
@@ -119,51 +149,91 @@ class TurnsActor:
         user_turn = self._user_turn_in(msg)
         if msg.source == "user" and not channel.background:
             self._tell_cron()
+        return msg, channel, user_turn
+
+    def process(self, msg: UserTurn) -> TurnReply:
+        msg, channel, user_turn = self._accept(msg)
         with self.channels.turn(msg.channel):
-            return self._answer(msg, channel, user_turn)
+            prepared = self._prepare(msg, channel, user_turn)
+            try:
+                completion = self.llm.complete(prepared.request, prefer=msg.model)
+                text, provider = completion.text, completion.provider
+            except AllProvidersFailed as exc:
+                log.error("no language model answered: %s", exc)
+                text, provider = NO_ANSWER, "none"
+            metrics.turn(msg.channel, streamed=False)
+            return self._finish(prepared, text, provider)
 
-    def _answer(self, msg: UserTurn, channel: ChannelSettings, user_turn: TurnIn) -> TurnReply:
-        turn_id: int | None = None
-        if not msg.temporary:
-            turn_id = self.transcript.append(AppendTurns(turns=[user_turn])).ids[0]
+    def process_stream(self, msg: UserTurn) -> Iterator[TurnDelta | TurnReply]:
+        """:meth:`process`, streamed: :class:`TurnDelta` pieces as the language
+        model sends them, then the stored :class:`TurnReply`."""
+        msg, channel, user_turn = self._accept(msg)
+        with self.channels.turn(msg.channel):
+            prepared = self._prepare(msg, channel, user_turn)
+            pieces: list[str] = []
+            provider = "none"
+            try:
+                for name, piece in self.llm.stream(prepared.request, prefer=msg.model):
+                    provider = name
+                    pieces.append(piece)
+                    yield TurnDelta(text=piece)
+            except AllProvidersFailed as exc:
+                log.error("no language model answered: %s", exc)
+                pieces = [NO_ANSWER]
+                yield TurnDelta(text=NO_ANSWER)
+            except LLMError as exc:  # broke after the first words: keep them
+                log.warning("the reply stream from %s broke: %s", provider, exc.kind)
+            metrics.turn(msg.channel, streamed=True)
+            yield self._finish(prepared, "".join(pieces), provider)
 
+    def _prepare(self, msg: UserTurn, channel: ChannelSettings,
+                 user_turn: TurnIn) -> _Prepared:
+        # The history before this turn; then recall runs while the turn is written
+        # (recall does not wait behind the indexing of the turn it answers).
         history = self.transcript.recent(
-            RecentTurns(channel=msg.channel, limit=self.settings.runtime.history_turns + 1))
-        past = [t for t in history.turns
-                if t.id != turn_id and not t.disabled][-self.settings.runtime.history_turns:]
-
-        memories: list[MemoryItem] = []
-        degraded = False
+            RecentTurns(channel=msg.channel, limit=self.settings.runtime.history_turns))
+        past = [t for t in history.turns if not t.disabled]
+        recalling: Future[Recalled] | None = None
         if channel.seed and not channel.background:
             shown = [f"turn:{t.id}" for t in history.turns]  # already in the prompt
-            recalled = self.recall.recall(Recall(query=msg.text, exclude=shown))
-            memories = recalled.items
-            degraded = recalled.degraded
+            recalling = self._pool.submit(self.recall.recall,
+                                          Recall(query=msg.text, exclude=shown))
+        turn_id: int | None = None
+        try:
+            if not msg.temporary:
+                turn_id = self.transcript.append(AppendTurns(turns=[user_turn])).ids[0]
+        except BaseException:
+            if recalling is not None:
+                recalling.cancel()  # one already running ends by itself, unread
+            raise
+        recalled = recalling.result() if recalling is not None else None
+        # (should the turn have been indexed first after all, it is not its own memory)
+        memories: list[MemoryItem] = [m for m in (recalled.items if recalled else [])
+                                      if m.ref != f"turn:{turn_id}"]
+        degraded = recalled.degraded if recalled is not None else False
 
         messages = build_messages(
             self.persona.load(), memories,
             [_as_message(t.role, t.content) for t in past],
             msg.text, local_datetime(self.clock, self.zone))
         request = LLMRequest(messages=messages, memories=[m.text for m in memories])
-        try:
-            completion = self.llm.complete(request)
-            text, provider = completion.text, completion.provider
-        except AllProvidersFailed as exc:
-            log.error("no language model answered: %s", exc)
-            text, provider = "Sorry, I cannot answer right now.", "none"
-        citations = [m.ref for m in memories]
+        return _Prepared(msg, user_turn, turn_id, memories, degraded, request)
 
+    def _finish(self, prepared: _Prepared, text: str, provider: str) -> TurnReply:
+        msg, memories = prepared.msg, prepared.memories
+        citations = [m.ref for m in memories]
         reply_id: int | None = None
         if not msg.temporary:
             reply = TurnIn(channel=msg.channel, source=ASSISTANT_SOURCE, role="assistant",
                            content=(text or "…")[:MAX_TURN_CHARS],
-                           request_id=f"reply-{user_turn.request_id}")
+                           request_id=f"reply-{prepared.user_turn.request_id}")
             # the reply and its citations: one call, one transaction
             reply_id = self.transcript.append(
                 AppendTurns(turns=[reply], citations=[citations])).ids[0]
             self._touch_used(memories)
-        return TurnReply(turn_id=turn_id, reply_id=reply_id, text=text, citations=citations,
-                         provider=provider, recall_degraded=degraded, notice=self.llm.notice)
+        return TurnReply(turn_id=prepared.turn_id, reply_id=reply_id, text=text,
+                         citations=citations, provider=provider,
+                         recall_degraded=prepared.degraded, notice=self.llm.notice)
 
     def _touch_used(self, memories: list[MemoryItem]) -> None:
         """The episodes given to the model become relevant again (fire and

@@ -89,8 +89,11 @@ class Bridge:
     def __init__(self, settings: MqttSettings, topics: TopicMap, sink: Sink, *,
                  jobs: Sequence[str] = (), version: str = "",
                  now: Callable[[], float] = time.time,
-                 state_every_s: float = STATE_EVERY_S) -> None:
+                 state_every_s: float = STATE_EVERY_S,
+                 observe: Callable[[bool, str], None] | None = None) -> None:
         self.settings = settings
+        # told of every message: (accepted, refusal reason) — the runtime's metrics
+        self.observe = observe or (lambda accepted, reason: None)
         self.topics = topics
         self.sink = sink
         self.jobs = list(jobs)
@@ -234,12 +237,14 @@ class Bridge:
         except Rejected as exc:
             with self._lock:
                 self._stats.rejected[exc.reason] += 1
+            self.observe(False, exc.reason)
             log.debug("payload refused: %s", exc.reason)
             client.ack(msg.mid, msg.qos)
             return
         with self._lock:
             self._stats.accepted += 1
             self._stats.last_message_at = now
+        self.observe(True, "")
         if not records:
             client.ack(msg.mid, msg.qos)
             return

@@ -5,7 +5,8 @@ Leaf (0) episodes are distilled from transcript windows; topic super-episodes
 briefly for provenance and hard-deleted after 30 days. This module holds the
 storage rules; distillation and clustering are jobs built on it.
 
-A user can disable an episode (hidden from recall and the index, reversibly)
+A user can pin an episode (``seared``: it never fades) or unpin it, correct
+its gist, disable it (hidden from recall and the index, reversibly)
 or forget it: the row, its citations, FTS terms and vector go, and the write
 log keeps only that it existed (:meth:`runtime.store.Store.forget`).
 """
@@ -17,13 +18,14 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from runtime.decay import MemoryLevel, tombstone_expired
+from runtime.decay import MEMORY_LEVELS, MemoryLevel, tombstone_expired
 from runtime.profiles import MemoryProfiles
 from runtime.store import Row, Store
 
 log = logging.getLogger(__name__)
 
 WRITER = "episodes"
+MAX_GIST_CHARS = 8000
 
 
 class MutedSource(ValueError):
@@ -35,7 +37,7 @@ class EpisodeIn(BaseModel):
 
     channel: str = Field(min_length=1)
     source: str = Field(min_length=1)
-    gist: str = Field(min_length=1, max_length=8000)
+    gist: str = Field(min_length=1, max_length=MAX_GIST_CHARS)
     level: int = Field(default=0, ge=0, le=2)
     salience: int = Field(default=5, ge=1, le=10)
     emotion: str | None = None
@@ -96,6 +98,24 @@ class EpisodeService:
     def set_disabled(self, episode_id: int, disabled: bool, writer: str = WRITER) -> Row:
         """Hide an episode from recall and the index (or show it again); reversible."""
         return self.store.update(writer, "episodes", episode_id, {"disabled": int(disabled)})
+
+    def set_level(self, episode_id: int, level: MemoryLevel, writer: str = WRITER) -> Row:
+        """Set an episode's memory level (``seared``: pinned, never fades)."""
+        if level not in MEMORY_LEVELS:
+            raise ValueError(f"memory level must be one of {', '.join(MEMORY_LEVELS)}, "
+                             f"not {level!r}")
+        return self.store.update(writer, "episodes", episode_id, {"memory_level": level})
+
+    def edit(self, episode_id: int, gist: str, writer: str = WRITER) -> Row:
+        """Rewrite an episode's gist (a user's correction), through the write log;
+        the keyword index follows by trigger. Its vector is the caller's: drop it
+        and hand the episode back to the indexer."""
+        gist = gist.strip()
+        if not gist:
+            raise ValueError("an episode's gist cannot be empty")
+        if len(gist) > MAX_GIST_CHARS:
+            raise ValueError(f"an episode's gist is at most {MAX_GIST_CHARS} characters")
+        return self.store.update(writer, "episodes", episode_id, {"gist": gist})
 
     def forget(self, episode_id: int, writer: str = WRITER) -> Row | None:
         """Delete an episode for good, content scrubbed from the write log; return

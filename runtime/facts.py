@@ -36,7 +36,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from runtime.decay import MemoryLevel
+from runtime.decay import MEMORY_LEVELS, MemoryLevel
 from runtime.episodes import MutedSource
 from runtime.fact_kinds import FactKinds
 from runtime.profiles import MemoryProfiles
@@ -180,6 +180,40 @@ class GraphService:
 
     def enable(self, fact_id: int, writer: str = WRITER) -> Row:
         return self.set_disabled(fact_id, False, writer)
+
+    def set_level(self, fact_id: int, level: MemoryLevel, writer: str = WRITER) -> Row:
+        """Set a fact's memory level (``seared``: pinned, never fades, and never
+        replaced by a non-user write)."""
+        if level not in MEMORY_LEVELS:
+            raise ValueError(f"memory level must be one of {', '.join(MEMORY_LEVELS)}, "
+                             f"not {level!r}")
+        return self.store.update(writer, "facts", fact_id, {"memory_level": level})
+
+    def edit(self, fact_id: int, value: str, writer: str = WRITER) -> tuple[int, Resolution]:
+        """A user's correction of the current fact ``fact_id``: a new user-managed
+        claim (source ``user``, confidence 1) for the same kind, subject and key,
+        keeping its memory level. It supersedes the fact (whose window closes:
+        history kept), or reinforces it when the value is the same. Returns what
+        :meth:`add` returns: the id of the fact now current and the decision.
+
+        A fact that is history already (its window closed) is refused: editing
+        it would supersede another claim than the one shown."""
+        value = value.strip()
+        if not value:
+            raise ValueError("a fact's value cannot be empty")
+        with self.store.write_transaction():
+            row = self.get(fact_id)
+            if row is None:
+                raise ValueError(f"no fact {fact_id}")
+            if row["valid_to"] is not None:
+                later = row["superseded_by"]
+                raise ValueError(
+                    f"fact {fact_id} is history, no longer current"
+                    + (f" (superseded by fact:{later}); edit that one" if later else ""))
+            return self.add(FactIn(kind=row["kind"], subject=row["subject"], key=row["key"],
+                                   value=value, confidence=1.0, source="user",
+                                   memory_level=row["memory_level"], user_managed=True),
+                            writer)
 
     def forget(self, fact_id: int, writer: str = WRITER) -> Row | None:
         """Remove a fact for good (explicit user delete): the row goes, and the

@@ -17,6 +17,11 @@ status, malformed response, refused or dropped connection).
   configured or all of them fail: deterministic, no network, lower quality.
 * :class:`FallbackChain` tries providers in order and keeps a visible
   :attr:`~FallbackChain.notice` after two consecutive failures.
+* Streaming: :meth:`OpenAICompatibleProvider.stream` asks the endpoint for
+  server-sent events and yields the text as it comes; a provider without a
+  ``stream`` method answers in one piece. :meth:`FallbackChain.stream` falls
+  back to the next provider only until the first piece has arrived (after
+  that, the words are out: an error then ends the stream).
 
 :func:`make_llm` builds the chain from :class:`~runtime.config.LLMSettings`.
 """
@@ -31,6 +36,7 @@ import re
 import threading
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from enum import StrEnum
 from typing import Any, Literal, Protocol, runtime_checkable
 from urllib.parse import urlsplit
@@ -218,7 +224,8 @@ class OpenAICompatibleProvider:
             detail = detail.replace(key, "[redacted]")
         return LLMError(self.name, kind, detail, status)
 
-    def complete(self, request: LLMRequest) -> Completion:
+    def _request(self, request: LLMRequest, stream: bool,
+                 key: str | None) -> urllib.request.Request:
         body = {
             "model": self.model,
             "messages": [m.model_dump() for m in request.messages],
@@ -226,24 +233,104 @@ class OpenAICompatibleProvider:
                            else self._default_max_tokens),
             "temperature": (request.temperature if request.temperature is not None
                             else self._default_temperature),
-            "stream": False,
+            "stream": stream,
         }
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        key = self._api_key()
+        headers = {"Content-Type": "application/json",
+                   "Accept": "text/event-stream" if stream else "application/json"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
-        req = urllib.request.Request(self.url, data=json.dumps(body).encode("utf-8"),
-                                     headers=headers, method="POST")
-        log.debug("llm %s: POST %s model=%s messages=%d", self.name, self._shown_url,
-                  self.model, len(request.messages))
-        raw = self._post(req, key)
+        log.debug("llm %s: POST %s model=%s messages=%d stream=%s", self.name,
+                  self._shown_url, self.model, len(request.messages), stream)
+        return urllib.request.Request(self.url, data=json.dumps(body).encode("utf-8"),
+                                      headers=headers, method="POST")
+
+    def complete(self, request: LLMRequest) -> Completion:
+        key = self._api_key()
+        raw = self._post(self._request(request, False, key), key)
         return self._parse(raw, key)
 
+    def stream(self, request: LLMRequest) -> Iterator[str]:
+        """The reply's text as the endpoint streams it (server-sent events).
+
+        Connecting, an HTTP error status or a refused connection raise
+        :class:`LLMError` here, before anything is yielded; a stream that breaks
+        or turns malformed later raises it from the iterator. An endpoint that
+        ignores ``stream`` and answers one JSON completion is read whole."""
+        key = self._api_key()
+        resp = self._open(self._request(request, True, key), key)
+        return self._events(resp, key)
+
+    def _events(self, resp: Any, key: str | None) -> Iterator[str]:
+        received = 0
+        try:
+            if "json" in (resp.headers.get("Content-Type") or ""):
+                raw = resp.read(MAX_RESPONSE_BYTES + 1)
+                if len(raw) > MAX_RESPONSE_BYTES:
+                    raise self._error(LLMErrorKind.MALFORMED,
+                                      f"response larger than {MAX_RESPONSE_BYTES} bytes", key)
+                yield self._parse(raw, key).text
+                return
+            while True:
+                try:
+                    line = resp.readline(MAX_RESPONSE_BYTES + 1)
+                except (OSError, http.client.HTTPException) as exc:
+                    raise self._network_error(exc, key) from None
+                if not line:
+                    raise self._error(LLMErrorKind.CONNECTION,
+                                      f"{self._where} ended the stream before [DONE]", key)
+                received += len(line)
+                if received > MAX_RESPONSE_BYTES:
+                    raise self._error(LLMErrorKind.MALFORMED,
+                                      f"stream larger than {MAX_RESPONSE_BYTES} bytes", key)
+                if not line.startswith(b"data:"):
+                    continue  # blank separators, comments, event names
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    return
+                piece = self._delta(payload, key)
+                if piece:
+                    yield piece
+        finally:
+            resp.close()
+
+    def _delta(self, payload: bytes, key: str | None) -> str:
+        """The text of one ``chat.completion.chunk`` event ("" when it has none)."""
+        try:
+            data = json.loads(payload)
+        except (ValueError, RecursionError):
+            raise self._error(LLMErrorKind.MALFORMED,
+                              f"stream event is not JSON ({_size(len(payload))})", key) from None
+        if isinstance(data, dict) and isinstance(data.get("error"), dict):
+            ids = _error_ids(payload)
+            raise self._error(LLMErrorKind.MALFORMED, "the stream reported an error"
+                              + (f" ({ids})" if ids else ""), key)
+        choices = data.get("choices") if isinstance(data, dict) else None
+        if not isinstance(choices, list):
+            raise self._error(LLMErrorKind.MALFORMED, "stream event has no 'choices' list", key)
+        if not choices:
+            return ""  # e.g. the usage-only last chunk
+        delta = choices[0].get("delta") if isinstance(choices[0], dict) else None
+        content = delta.get("content") if isinstance(delta, dict) else None
+        return content if isinstance(content, str) else ""
+
     def _post(self, req: urllib.request.Request, key: str | None) -> bytes:
+        resp = self._open(req, key)
+        try:
+            raw: bytes = resp.read(MAX_RESPONSE_BYTES + 1)
+        except (OSError, http.client.HTTPException) as exc:
+            raise self._network_error(exc, key) from None
+        finally:
+            resp.close()
+        if len(raw) > MAX_RESPONSE_BYTES:
+            raise self._error(LLMErrorKind.MALFORMED,
+                              f"response larger than {MAX_RESPONSE_BYTES} bytes", key)
+        return raw
+
+    def _open(self, req: urllib.request.Request, key: str | None) -> Any:
+        """Send ``req``; the open response, or :class:`LLMError`."""
         opener = urllib.request.build_opener(_NoRedirect())
         try:
-            with opener.open(req, timeout=self._timeout_s) as resp:
-                raw: bytes = resp.read(MAX_RESPONSE_BYTES + 1)
+            return opener.open(req, timeout=self._timeout_s)
         except urllib.error.HTTPError as exc:
             # The body is measured, never quoted: it can echo the prompt.
             try:
@@ -263,10 +350,6 @@ class OpenAICompatibleProvider:
             raise self._network_error(exc.reason, key) from None
         except (OSError, http.client.HTTPException) as exc:
             raise self._network_error(exc, key) from None
-        if len(raw) > MAX_RESPONSE_BYTES:
-            raise self._error(LLMErrorKind.MALFORMED,
-                              f"response larger than {MAX_RESPONSE_BYTES} bytes", key)
-        return raw
 
     def _network_error(self, reason: object, key: str | None) -> LLMError:
         if isinstance(reason, TimeoutError):
@@ -449,9 +532,44 @@ class FallbackChain:
             return None
         return format_notice(failures, [_cause(e) for e in errors], offline)
 
-    def complete(self, request: LLMRequest) -> Completion:
+    def ordered(self, prefer: str | None = None) -> list[LLMProvider]:
+        """The providers in order, those whose model or name is ``prefer`` first."""
+        if not prefer:
+            return list(self.providers)
+        first = [p for p in self.providers if prefer in (p.model, p.name)]
+        return first + [p for p in self.providers if p not in first]
+
+    def stream(self, request: LLMRequest,
+               prefer: str | None = None) -> Iterator[tuple[str, str]]:
+        """``(provider name, text piece)`` as the first provider that answers
+        streams its reply. A provider that fails before its first piece is
+        skipped, as in :meth:`complete`; one that fails after it ends the stream
+        with its :class:`LLMError` (what was said is said)."""
         errors: list[LLMError] = []
-        for provider in self.providers:
+        for provider in self.ordered(prefer):
+            try:
+                pieces = _pieces(provider, request)
+                first = next(pieces, None)
+            except LLMError as exc:
+                log.warning("llm provider %s failed (%s%s): %s", provider.name, exc.kind,
+                            f" {exc.status}" if exc.status else "", exc.detail)
+                errors.append(exc)
+                continue
+            if not getattr(provider, "last_resort", False):
+                self._succeeded()
+            elif errors:
+                self._failed(errors, answered_offline=True)
+            if first is not None:
+                yield provider.name, first
+            for piece in pieces:
+                yield provider.name, piece
+            return
+        self._failed(errors, answered_offline=False)
+        raise AllProvidersFailed(self.name, errors)
+
+    def complete(self, request: LLMRequest, prefer: str | None = None) -> Completion:
+        errors: list[LLMError] = []
+        for provider in self.ordered(prefer):
             try:
                 completion = provider.complete(request)
             except LLMError as exc:
@@ -496,6 +614,14 @@ class FallbackChain:
         if failures == NOTICE_AFTER_FAILURES:
             log.error("llm: %d consecutive failures of every language model (%s)", failures,
                       ", ".join(f"{e.provider} {e.kind}" for e in errors))
+
+
+def _pieces(provider: LLMProvider, request: LLMRequest) -> Iterator[str]:
+    """The provider's streamed pieces; its whole completion when it cannot stream."""
+    stream = getattr(provider, "stream", None)
+    if stream is not None:
+        return iter(stream(request))
+    return iter([provider.complete(request).text])
 
 
 # --------------------------------------------------------------------------- factory

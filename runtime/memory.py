@@ -110,7 +110,11 @@ class Memory:
         return fact_id, decision
 
     def change(self, ref: Ref, action: Action, writer: str = "user") -> None:
-        """Disable, enable or delete (forget) a memory item; its vector follows."""
+        """Disable, enable, delete (forget), pin or unpin a memory item; its vector
+        follows (pinning changes only the level)."""
+        if action in ("pin", "unpin"):
+            change(self.services.owner(ref.kind), ref, action, writer)
+            return
         if action != "enable":  # out of the index first: the delete takes the row
             self.indexer.drop(ref.kind, ref.id)
         try:

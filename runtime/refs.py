@@ -1,12 +1,18 @@
 """References to memory items (``turn:12``, ``episode:3``, ``fact:7``) and what a
-user may do to them: find them by their words, disable, enable or delete them.
+user may do to them: find them by their words, disable, enable or delete them,
+pin or unpin them, edit what they say.
 
 The policy lives in the services: the transcript, episode and graph services
 each offer ``get``, ``set_disabled`` and ``forget`` (:class:`MemoryService`);
-every ``forget`` scrubs the write log. :func:`change` only dispatches.
-Disabling is reversible and keeps the content; the caller also drops a
-disabled item's vector from its index (and hands an enabled one back to the
-indexer), since the index lives with the caller.
+every ``forget`` scrubs the write log. Episodes and facts also have a memory
+level, which ``set_level`` changes (pin: ``seared``, the level that never
+fades; unpin: back to ``vivid``), and can be edited (an episode's gist is
+rewritten; a fact gets a new claim that supersedes it, history kept). Turns
+have no level and are never edited: the transcript is append-only.
+:func:`change` and :func:`edit` only dispatch. Disabling is reversible and
+keeps the content; the caller also drops a disabled item's vector from its
+index (and hands an enabled or edited one back to the indexer), since the
+index lives with the caller.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
+from runtime.decay import MemoryLevel
 from runtime.episodes import EpisodeService
 from runtime.facts import GraphService
 from runtime.fts import query_terms
@@ -24,9 +31,11 @@ from runtime.transcript import TranscriptService
 log = logging.getLogger(__name__)
 
 Kind = Literal["turn", "episode", "fact"]
-Action = Literal["disable", "enable", "delete"]
+Action = Literal["disable", "enable", "delete", "pin", "unpin"]
 KINDS: tuple[str, ...] = get_args(Kind)
 ACTIONS: tuple[str, ...] = get_args(Action)
+PINNED: MemoryLevel = "seared"  # never fades (runtime.decay)
+UNPINNED: MemoryLevel = "vivid"  # what an unpinned item falls back to
 
 
 class NoSuchItem(ValueError):
@@ -73,7 +82,7 @@ _SEARCHED: tuple[tuple[Kind, str, str, str, str], ...] = (
 )
 
 
-def _all_terms(text: str) -> str | None:
+def all_terms(text: str) -> str | None:
     """An FTS5 expression matching rows that contain every word of ``text``.
 
     Words come from :func:`runtime.fts.query_terms` and are quoted, so user
@@ -88,7 +97,7 @@ def _all_terms(text: str) -> str | None:
 def find_matching(store: Store, text: str, limit: int = 20) -> list[Match]:
     """Turns, episodes and facts (disabled or not) containing every word of
     ``text``, best keyword match first, at most ``limit``."""
-    expr = _all_terms(text)
+    expr = all_terms(text)
     if expr is None or limit < 1:
         return []
     scored: list[tuple[float, Match]] = []
@@ -135,8 +144,12 @@ class Services:
 
 
 def change(service: MemoryService, ref: Ref, action: Action, writer: str) -> None:
-    """Disable, enable or delete (forget for good) the item ``ref`` names, through
-    the service that owns its kind.
+    """Disable, enable, delete (forget for good), pin or unpin the item ``ref``
+    names, through the service that owns its kind.
+
+    Pinning sets an episode's or a fact's memory level to ``seared`` (it never
+    fades); unpinning a pinned one sets it to ``vivid``, and leaves an item that
+    is not pinned as it is. A turn has no level: pinning one is a ValueError.
 
     Raises :class:`NoSuchItem` when there is none, ValueError for an unknown action."""
     if action not in ACTIONS:
@@ -145,6 +158,48 @@ def change(service: MemoryService, ref: Ref, action: Action, writer: str) -> Non
         raise NoSuchItem(f"no {ref.kind} {ref.id}")
     if action == "delete":
         service.forget(ref.id, writer)
+    elif action in ("pin", "unpin"):
+        _set_pinned(service, ref, action == "pin", writer)
     else:
         service.set_disabled(ref.id, action == "disable", writer)
     log.info("memory item changed", extra={"ref": str(ref), "action": action})
+
+
+def _set_pinned(service: MemoryService, ref: Ref, pinned: bool, writer: str) -> None:
+    if not isinstance(service, (EpisodeService, GraphService)):
+        raise ValueError(f"{ref.kind}s cannot be pinned: only episodes and facts have a "
+                         f"memory level ({ref} can be disabled or deleted instead)")
+    row = service.get(ref.id)
+    assert row is not None  # checked by the caller
+    if pinned:
+        level: MemoryLevel = PINNED
+    elif row["memory_level"] == PINNED:
+        level = UNPINNED
+    else:  # not pinned: nothing to undo
+        return
+    if row["memory_level"] != level:
+        service.set_level(ref.id, level, writer)
+
+
+def edit(service: MemoryService, ref: Ref, text: str, writer: str) -> Ref:
+    """Change what the item ``ref`` names says; return the ref that now holds
+    ``text``. An episode's gist is rewritten in place (same ref); a fact gets a
+    new user-managed claim for its subject and key that supersedes it (a new
+    ref; the old one stays as history). A turn is refused: the transcript is
+    append-only.
+
+    Raises :class:`NoSuchItem` when there is none, ValueError when the edit is
+    refused (a turn, a fact that is history already, empty text)."""
+    if service.get(ref.id) is None:
+        raise NoSuchItem(f"no {ref.kind} {ref.id}")
+    if isinstance(service, EpisodeService):
+        service.edit(ref.id, text, writer)
+        new = ref
+    elif isinstance(service, GraphService):
+        fact_id, _ = service.edit(ref.id, text, writer)
+        new = Ref("fact", fact_id)
+    else:
+        raise ValueError(f"{ref.kind}s cannot be edited: the transcript is append-only "
+                         f"(disable or delete {ref} instead)")
+    log.info("memory item edited", extra={"ref": str(ref), "now": str(new)})
+    return new

@@ -30,6 +30,12 @@ or as a context manager: ``with FakeOpenAI() as server: server.base_url``.
 To script what the model says, append to :attr:`FakeOpenAI.replies`: in
 ``Mode.OK`` each request takes the next one (oldest first) as its content, and
 answers the echo once they are used up.
+
+A request with ``"stream": true`` is answered as OpenAI streams: server-sent
+events, one ``chat.completion.chunk`` per word of the content, then ``data:
+[DONE]``. To see that a stream really flows, :meth:`FakeOpenAI.hold_stream` a
+marker: a streamed answer to a message containing it sends its first chunk and
+then waits until :meth:`FakeOpenAI.release` of the same marker.
 """
 
 from __future__ import annotations
@@ -147,8 +153,35 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(200, json.dumps(_completion(body, None)).encode())
         else:
             content = fake._next_reply()
-            self._reply(200, json.dumps(_completion(
-                body, _echo(body) if content is None else content)).encode())
+            text = _echo(body) if content is None else content
+            if isinstance(body, dict) and body.get("stream") is True:
+                self._stream(body, text)
+            else:
+                self._reply(200, json.dumps(_completion(body, text)).encode())
+
+    def _stream(self, body: dict[str, Any], text: str) -> None:
+        fake = self.server.fake
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()  # HTTP/1.0: the body ends when the connection closes
+        self.close_connection = True
+        pieces = [w + " " for w in text.split(" ")]
+        pieces[-1] = pieces[-1][:-1]
+        first = [{"role": "assistant", "content": ""}]
+        deltas = first + [{"content": p} for p in pieces]
+        for i, delta in enumerate(deltas):
+            self._event(_chunk(body, delta, None))
+            said = _echo(body).removeprefix("echo: ")
+            if i == 1 and (not fake._wait_stream_gates(said) or fake._drops(said)):
+                return
+        self._event(_chunk(body, {}, "stop"))
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+    def _event(self, data: dict[str, Any]) -> None:
+        self.wfile.write(b"data: " + json.dumps(data).encode() + b"\n\n")
+        self.wfile.flush()
 
 
 def _echo(body: Any) -> str:
@@ -158,6 +191,13 @@ def _echo(body: Any) -> str:
             if isinstance(message, dict) and message.get("role") == "user":
                 last = str(message.get("content", ""))
     return f"echo: {last}"
+
+
+def _chunk(body: Any, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+    model = body.get("model") if isinstance(body, dict) else None
+    return {"id": "chatcmpl-fake", "object": "chat.completion.chunk",
+            "created": int(time.time()), "model": model or "fake-model",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
 
 def _completion(body: Any, content: str | None) -> dict[str, Any]:
@@ -183,6 +223,8 @@ class FakeOpenAI:
         self._requests: list[RecordedRequest] = []
         self.replies: list[str] = []  # scripted contents, taken oldest first in Mode.OK
         self._gates: dict[str, _Gate] = {}
+        self._stream_gates: dict[str, _Gate] = {}
+        self._dropped: set[str] = set()
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)
         self._stopping = threading.Event()
@@ -209,7 +251,7 @@ class FakeOpenAI:
         """Wait until ``count`` requests with ``marker`` have arrived; False after
         ``timeout`` (a deadline for a broken test, not a measurement)."""
         with self._arrived:
-            gate = self._gates[marker]
+            gate = self._gates.get(marker) or self._stream_gates[marker]
             return self._arrived.wait_for(lambda: gate.count >= count, timeout)
 
     def held(self, marker: str) -> int:
@@ -217,11 +259,35 @@ class FakeOpenAI:
         with self._lock:
             return self._gates[marker].count
 
+    def hold_stream(self, marker: str, drop: bool = False) -> None:
+        """Streamed answers to a message containing ``marker`` send their first
+        word, then wait until :meth:`release`; with ``drop``, the connection is
+        then closed without the rest of the reply or ``[DONE]``."""
+        with self._lock:
+            self._stream_gates[marker] = _Gate()
+            if drop:
+                self._dropped.add(marker)
+
     def release(self, marker: str) -> None:
         """Answer the held requests with ``marker`` (and let later ones through)."""
         with self._lock:
-            gate = self._gates[marker]
-        gate.opened.set()
+            gates = [g for g in (self._gates.get(marker), self._stream_gates.get(marker)) if g]
+        for gate in gates:
+            gate.opened.set()
+
+    def _drops(self, text: str) -> bool:
+        with self._lock:
+            return any(m in text for m in self._dropped)
+
+    def _wait_stream_gates(self, text: str) -> bool:
+        with self._arrived:
+            gates = [g for m, g in self._stream_gates.items() if m in text]
+            for gate in gates:
+                gate.count += 1
+            self._arrived.notify_all()
+        for gate in gates:
+            gate.opened.wait()
+        return not self._stopping.is_set()
 
     def _wait_gates(self, text: str) -> bool:
         """Block while a gate holds ``text``; False if the server is stopping."""
@@ -237,7 +303,7 @@ class FakeOpenAI:
     def close(self) -> None:
         self._stopping.set()  # wakes handlers waiting in SLOW mode
         with self._lock:
-            for gate in self._gates.values():  # and held ones
+            for gate in [*self._gates.values(), *self._stream_gates.values()]:  # held ones
                 gate.opened.set()
         if self._server is not None:
             self._server.shutdown()

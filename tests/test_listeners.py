@@ -304,6 +304,29 @@ def test_http_api_needs_its_token(embedded_runtime: Started) -> None:
     assert status == 200, answer
     assert answer["choices"][0]["message"]["content"]
 
+    # Ollama's chat, and an MCP initialize at /mcp
+    def call(path: str, payload: dict[str, Any], headers: dict[str, str]) -> tuple[int, bytes]:
+        request = urllib.request.Request(f"{info['http']}{path}",
+                                         data=json.dumps(payload).encode(),
+                                         headers={"Content-Type": "application/json",
+                                                  "Authorization": f"Bearer {token}",
+                                                  **headers})
+        try:
+            with urllib.request.urlopen(request, timeout=CLIENT_TIMEOUT_S) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read()
+
+    status, raw = call("/api/chat", {"model": "reverie", "stream": False,
+                                     "messages": [{"role": "user", "content": "Hi."}]}, {})
+    assert status == 200 and json.loads(raw)["message"]["content"], raw[:300]
+    status, raw = call("/mcp", {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": {"name": "listener-test", "version": "1"}}},
+        {"Accept": "application/json, text/event-stream"})
+    assert status == 200, raw[:300]
+    assert json.loads(raw)["result"]["serverInfo"]
+
 
 def _descendants(pid: int) -> list[int]:
     children: dict[int, list[int]] = {}

@@ -456,3 +456,110 @@ def test_provider_from_the_environment_is_tried_first_with_the_named_key(
     assert (completion.provider, completion.model) == ("env", "env-model")
     assert fake_openai.last.headers["authorization"] == f"Bearer {KEY}"
     assert KEY not in repr(llm)
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+class _ScriptedSSE(ThreadingHTTPServer):
+    """Answers every POST with ``body`` as ``content_type``, then closes."""
+
+    daemon_threads = True
+    body = b""
+    content_type = "text/event-stream"
+
+
+class _ScriptedHandler(BaseHTTPRequestHandler):
+    server: _ScriptedSSE
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Type", self.server.content_type)
+        self.end_headers()
+        self.wfile.write(self.server.body)
+
+
+@pytest.fixture
+def scripted() -> Iterator[_ScriptedSSE]:
+    server = _ScriptedSSE(("127.0.0.1", 0), _ScriptedHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _event(content: str | None = None, **extra: Any) -> bytes:
+    delta = {} if content is None else {"content": content}
+    data = {"choices": [{"index": 0, "delta": delta, "finish_reason": None}], **extra}
+    return b"data: " + json.dumps(data).encode() + b"\n\n"
+
+
+def _url(server: _ScriptedSSE) -> str:
+    return f"http://127.0.0.1:{server.server_address[1]}/v1"
+
+
+def test_stream_yields_the_pieces_as_sent(fake_openai: FakeOpenAI) -> None:
+    pieces = list(http_provider(fake_openai).stream(REQUEST))
+    assert len(pieces) > 2 and "".join(pieces) == "echo: Where does my sister live?"
+    assert fake_openai.last.body["stream"] is True
+    assert fake_openai.last.headers["accept"] == "text/event-stream"
+
+
+def test_stream_skips_comments_and_empty_deltas_and_stops_at_done(
+        scripted: _ScriptedSSE) -> None:
+    scripted.body = (b": keep-alive\n\n" + _event() + _event("Hel") + b"event: x\n"
+                     + _event("lo") + b"data: {\"choices\": []}\n\n" + b"data: [DONE]\n\n"
+                     + _event("after done"))
+    assert list(http_provider(_url(scripted)).stream(REQUEST)) == ["Hel", "lo"]
+
+
+def test_stream_cut_before_done_or_malformed_raises_after_the_pieces(
+        scripted: _ScriptedSSE) -> None:
+    scripted.body = _event("Ana lives") + _event(" in Porto")
+    pieces: list[str] = []
+    with pytest.raises(LLMError) as cut:
+        pieces.extend(http_provider(_url(scripted)).stream(REQUEST))
+    assert pieces == ["Ana lives", " in Porto"] and cut.value.kind is LLMErrorKind.CONNECTION
+
+    scripted.body = _event("Ana") + b"data: {Ana lives in Porto, not JSON\n\n"
+    with pytest.raises(LLMError) as bad:
+        list(http_provider(_url(scripted)).stream(REQUEST))
+    assert bad.value.kind is LLMErrorKind.MALFORMED and "Porto" not in str(bad.value)
+
+
+def test_stream_answered_as_one_json_completion_is_read_whole(scripted: _ScriptedSSE) -> None:
+    scripted.content_type = "application/json"
+    scripted.body = json.dumps({"choices": [{"message": {"content": "whole"}}]}).encode()
+    assert list(http_provider(_url(scripted)).stream(REQUEST)) == ["whole"]
+
+
+def test_chain_stream_falls_back_only_before_the_first_piece(
+        fake_openai: FakeOpenAI, scripted: _ScriptedSSE) -> None:
+    fake_openai.mode = Mode.HTTP_500
+    chain = FallbackChain([http_provider(fake_openai, "down"), OfflineProvider()])
+    out = list(chain.stream(REQUEST))
+    assert {name for name, _ in out} == {"offline"}
+    assert "".join(p for _, p in out).startswith(OfflineProvider.MEMORY_PREFIX)
+
+    scripted.body = _event("Ana lives")  # then the connection ends: no [DONE]
+    chain = FallbackChain([http_provider(_url(scripted), "cut"), OfflineProvider()])
+    got: list[tuple[str, str]] = []
+    with pytest.raises(LLMError):
+        got.extend(chain.stream(REQUEST))
+    assert got == [("cut", "Ana lives")]  # no offline answer glued after it
+
+
+def test_chain_prefers_the_named_model_or_provider(fake_openai: FakeOpenAI) -> None:
+    chain = FallbackChain([http_provider(fake_openai, "first"), OfflineProvider()])
+    assert chain.complete(REQUEST).provider == "first"
+    assert chain.complete(REQUEST, prefer="offline").provider == "offline"
+    assert chain.complete(REQUEST, prefer=OfflineProvider.model).provider == "offline"
+    assert next(iter(chain.stream(REQUEST, prefer="offline")))[0] == "offline"
+    assert chain.complete(REQUEST, prefer="no-such-model").provider == "first"

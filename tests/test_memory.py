@@ -241,6 +241,16 @@ def test_forget_then_remember_a_fact_indexes_the_new_one(memory: Memory) -> None
     assert f"fact:{b}" in memory.recall("where do I go climbing?").refs
 
 
+def test_pinning_keeps_the_vector_and_sears_the_level(memory: Memory) -> None:
+    a, _ = memory.add_fact(FactIn(kind="place", subject="user", key="gym",
+                                  value="the climbing gym on Rua Augusta"))
+    memory.change(Ref("fact", a), "pin")
+    assert memory.index.count("fact") == 1
+    assert f"fact:{a}" in memory.recall("where do I go climbing?").refs
+    row = memory.services.get(Ref("fact", a))
+    assert row is not None and row["memory_level"] == "seared"
+
+
 # -- the write log ------------------------------------------------------------------
 
 def log_rows(memory: Memory, table: str) -> list[dict[str, object]]:

@@ -29,6 +29,10 @@ FIX = m.Fix(person="ana", lat=38.7, lon=-9.1, at=5.0, source="owntracks", accura
 PERSON = m.PersonPresence(state="home", place="kitchen", source="espresense", since=4.0,
                           reported_at=6.0)
 
+VIEW = m.MemoryView(ref="episode:3", kind="episode", item_id=3, text="a walk", created_at=4.0,
+                    disabled=False, pinned=True, level="seared", channel="chat",
+                    source="user", details={"salience": 6, "emotion": "calm"})
+
 SAMPLES: list[m.Message] = [
     m.Ack(detail="done"),
     m.AppendTurns(turns=[TurnIn(channel="chat", source="user", content="hi",
@@ -58,7 +62,16 @@ SAMPLES: list[m.Message] = [
     m.AddFact(fact=FactIn(kind="place", subject="Ana", key="lives_in", value="Porto")),
     m.FactWritten(fact_id=2, action="supersede"),
     m.ChangeMemory(ref="turn:12", change="disable"),
+    m.ChangeMemory(ref="episode:3", change="pin"),
+    m.EditMemory(ref="fact:7", text="Ana lives in Lisbon now", writer="http"),
+    m.BrowseMemories(kinds=["turn", "fact"], text="boiler", since=1.0, until=2.0,
+                     include_disabled=False, oldest_first=True, limit=10, offset=20),
+    VIEW,
+    m.MemoryPage(items=[VIEW], total=31),
+    m.ViewMemory(ref="turn:4"),
+    m.TurnDelta(text="Hel"),
     m.UserTurn(channel="chat", text="hello", temporary=True, request_id="abc"),
+    m.UserTurn(channel="voice", text="hello", speaker="ana", model="tiny"),
     m.TurnReply(turn_id=1, reply_id=2, text="hi", citations=["turn:1"], provider="offline"),
     m.StatusRequest(),
     m.Status(namespace="reverie", actors={"turns": "ok"}, counts={"transcript": 1}),
