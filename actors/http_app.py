@@ -33,6 +33,7 @@ from typing import Any
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from actors import metrics
 from actors.http_backend import Backend
@@ -223,6 +224,15 @@ def make_app(settings: Settings, token: str, backend: Backend) -> Any:
                   description="Reverie's memory runtime over HTTP. Every request needs "
                               "`Authorization: Bearer <token>` (the token is in "
                               "`<data dir>/http-token`).")
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # the framework's own refusals (no such route, wrong method, a body that
+        # cannot be parsed) in the same shape as every other error here
+        response = _error(exc.status_code, str(exc.detail), "http_error")
+        for name, value in (exc.headers or {}).items():
+            response.headers[name] = value
+        return response
 
     @app.exception_handler(ValueError)
     async def _bad_request(request: Request, exc: ValueError) -> JSONResponse:

@@ -59,6 +59,24 @@ class OllamaChat(BaseModel):
     stream: bool = True
 
 
+def inline_defs(schema: dict[str, Any]) -> dict[str, Any]:
+    """A pydantic JSON schema with its ``$defs`` written in place: in the OpenAPI
+    document, ``#/$defs/…`` would point at the document's root, not at the schema."""
+    defs = schema.pop("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return walk(defs[ref.removeprefix("#/$defs/")])
+            return {key: walk(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(item) for item in node]
+        return node
+
+    return dict(walk(schema))
+
+
 def _now() -> str:
     return datetime.now(UTC).isoformat().replace("+00:00", "Z")
 
@@ -103,7 +121,7 @@ def install(app: FastAPI, settings: Settings, backend: Backend) -> None:
 
     @app.post("/api/chat", tags=["ollama"], response_model=None, openapi_extra={
         "requestBody": {"required": True, "content": {
-            "application/json": {"schema": OllamaChat.model_json_schema()}}}})
+            "application/json": {"schema": inline_defs(OllamaChat.model_json_schema())}}}})
     async def chat(request: Request,
                    x_reverie_speaker: str | None = Header(default=None, max_length=200),
                    x_reverie_channel: str = Header(default="chat", min_length=1,
