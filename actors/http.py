@@ -68,8 +68,10 @@ class HttpActor:
         port = self._sock.getsockname()[1]
         host = f"[{http.host}]" if ":" in http.host else http.host
         self._address = f"http://{host}:{port}"
+        # asyncio and h11 whatever else is installed: the stack measured and tested
         config = uvicorn.Config(app, log_level="warning", access_log=False,
-                                server_header=False, timeout_graceful_shutdown=5)
+                                server_header=False, timeout_graceful_shutdown=5,
+                                loop="asyncio", http="h11", ws="none", lifespan="on")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run,
                                         kwargs={"sockets": [self._sock]},
