@@ -505,11 +505,98 @@ def cmd_presence(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_remind(args: argparse.Namespace, settings: Settings) -> int:
-    from actors.messages import Remind
+    """Make a reminder (``--ask``: a scheduled prompt; ``--every``: repeating), or
+    list the pending ones (``--list``), or cancel one (``--cancel ID``): all
+    through the Cron actor, which owns the reminders."""
+    from actors.messages import CancelReminder, Remind
 
-    made = Remote(settings).cron.remind(Remind(text=args.text, when=args.at,
-                                               channel=args.channel))
-    print(f"reminder {made.id} on {made.channel} at {made.due_local}")
+    making = args.text is not None or args.at is not None or args.every or args.ask
+    if args.list or args.cancel is not None:
+        if making or (args.list and args.cancel is not None):
+            raise ValueError("--list and --cancel take no text, --at, --every or --ask, "
+                             "nor each other")
+        if args.cancel is not None:
+            print(Remote(settings).cron.cancel_reminder(CancelReminder(id=args.cancel)).detail)
+            return EXIT_OK
+        return _list_reminders(args, settings)
+    if args.json:
+        raise ValueError("--json goes with --list")
+    if args.text is None or args.at is None:
+        raise ValueError("a reminder needs its text and --at WHEN "
+                         "(or: --list, --cancel ID)")
+    made = Remote(settings).cron.remind(Remind(
+        text=args.text, when=args.at, channel=args.channel,
+        kind="ask" if args.ask else "say", every=args.every))
+    what = "prompt" if made.kind == "ask" else "reminder"
+    every = f", every {made.repeat}" if made.repeat else ""
+    print(f"{what} {made.id} on {made.channel} at {made.due_local}{every}")
+    return EXIT_OK
+
+
+def _list_reminders(args: argparse.Namespace, settings: Settings) -> int:
+    listed = Remote(settings).cron.list_reminders().reminders
+    if args.json:
+        print(json.dumps({"reminders": [r.model_dump() for r in listed]}))
+        return EXIT_OK
+    if not listed:
+        print("no pending reminders")
+        return EXIT_OK
+    rows = [(str(r.id), r.kind, _local(r.due_at, settings), r.repeat or "once", r.channel,
+             r.text if len(r.text) <= 60 else r.text[:59] + "…") for r in listed]
+    head = ("id", "kind", "next", "repeat", "channel", "text")
+    widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
+    for row in [head, *rows]:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+    return EXIT_OK
+
+
+# -- places (the geo job) -------------------------------------------------------
+
+def cmd_place_list(args: argparse.Namespace, settings: Settings) -> int:
+    """The places the geo job found, their ids and names, and the habits: read
+    from the store (read-only), so no runtime is needed."""
+    from runtime.geo_job import list_places
+    from runtime.viz import open_read_only
+
+    with open_read_only(settings) as store:
+        report = list_places(store)
+    if args.json:
+        print(json.dumps(report))
+        return EXIT_OK
+    if not report["places"]:
+        print("no places yet (the geo job finds them in the location history)")
+        return EXIT_OK
+    rows = [(str(p["id"]), p["name"], p["role"], str(p["days"]),
+             _local(p["last_seen"], settings)) for p in report["places"]]
+    head = ("id", "name", "role", "days", "last seen")
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    for row in [head, *rows]:
+        print("  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip())
+    names = {p["id"]: p["name"] for p in report["places"]}
+    if report["habits"]:
+        print("habits:")
+    for h in report["habits"]:
+        print(f"  {h['person']}: {h['habit']} at place {h['place']} "
+              f"({names.get(h['place'], '?')}), {h['when']}; support {h['support']}, "
+              f"confidence {h['confidence']:.2f}")
+    return EXIT_OK
+
+
+def cmd_place_name(args: argparse.Namespace, settings: Settings) -> int:
+    """Name a place: a user-managed fact written through the Graph actor (it wins
+    over the gazetteer's name and survives the geo job's runs)."""
+    from actors.messages import AddFact
+    from runtime.geo_job import known_place_ids, naming_fact
+    from runtime.viz import open_read_only
+
+    fact = naming_fact(args.id, args.name)  # ValueError: an empty or overlong name
+    with open_read_only(settings) as store:
+        if args.id not in known_place_ids(store):
+            raise ValueError(f"no place {args.id} (`reverie place list` shows the places)")
+    remote = Remote(settings)
+    written = remote.graph.add(AddFact(fact=fact, writer="cli"))
+    remote.recall.sync()
+    print(f"place {args.id} is now {fact.value!r} (fact:{written.fact_id}, {written.action})")
     return EXIT_OK
 
 
@@ -610,13 +697,35 @@ def parser() -> argparse.ArgumentParser:
     presence.add_argument("--person", default="household")
     presence.set_defaults(func=cmd_presence)
 
-    remind = sub.add_parser("remind", help="say something at a given time")
-    remind.add_argument("text")
-    remind.add_argument("--at", required=True, metavar="WHEN",
-                        help="'tomorrow 8:00', 'today 21:30', 'in 2 hours', "
+    remind = sub.add_parser("remind", help="say (or ask the assistant) something at a given "
+                            "time, once or repeating; list or cancel reminders")
+    remind.add_argument("text", nargs="?")
+    remind.add_argument("--at", metavar="WHEN",
+                        help="'tomorrow 8:00', 'today 21:30', 'in 2 hours', 'tuesday 19:00', "
                         "'2026-12-24 18:00', '8:00' (the household's time zone)")
+    remind.add_argument("--every", metavar="RULE",
+                        help="repeat: 'day', 'week', 'weekday' (Mon-Fri), 'N days', "
+                        "'N hours' (local wall time kept across DST changes)")
+    remind.add_argument("--ask", action="store_true",
+                        help="a scheduled prompt: the assistant answers the text on the "
+                        "channel (e.g. 'summarise what is on the calendar today')")
     remind.add_argument("--channel", default="cli")
+    remind.add_argument("--list", action="store_true", help="the pending reminders")
+    remind.add_argument("--json", action="store_true", help="with --list: as JSON")
+    remind.add_argument("--cancel", type=int, metavar="ID", help="cancel a pending reminder")
     remind.set_defaults(func=cmd_remind)
+
+    place = sub.add_parser("place", help="the places the geo job found: list them, name one")
+    place_sub = place.add_subparsers(dest="place_command", required=True)
+    place_list = place_sub.add_parser("list", help="the places with their ids, names and "
+                                      "roles, and the habits (no runtime needed)")
+    place_list.add_argument("--json", action="store_true")
+    place_list.set_defaults(func=cmd_place_list)
+    place_name = place_sub.add_parser("name", help="give a place your own name (wins over "
+                                      "the gazetteer's, kept across geo runs)")
+    place_name.add_argument("id", type=int, help="the place's id (see `reverie place list`)")
+    place_name.add_argument("name", help="e.g. \"grandma's house\"")
+    place_name.set_defaults(func=cmd_place_name)
 
     backup = sub.add_parser("backup", help="the Litestream replica: verify it, restore from it")
     backup_sub = backup.add_subparsers(dest="backup_command", required=True)

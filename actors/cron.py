@@ -5,9 +5,19 @@ Supervisor. It keeps the idle gate's inputs (last user activity, each
 person's presence; durable, so a restart forgets neither), checks every
 ``jobs.check_every_s``, and:
 
-- fires due reminders, idle or not (``runtime.reminders``): appended to the
-  transcript through the Transcript actor with a request id derived from the
-  reminder's id, then marked fired;
+- fires due reminders, idle or not (``runtime.reminders``): a ``say``
+  reminder is appended to the transcript through the Transcript actor with a
+  request id derived from the reminder's id and occurrence, then marked fired;
+  a scheduled prompt (``ask``) is sent to the Turns actor as a turn of source
+  ``scheduled`` with such a request id, in the background (a pool of
+  ``PROMPT_WORKERS`` threads: a slow model never holds up a tick), and marked
+  fired only once the answer is stored. A prompt whose answer is found stored
+  already (a crash before the mark) is marked without asking again, and the
+  Turns actor answers a re-sent turn with its stored reply, so a prompt is
+  answered once. A repeating reminder is then due at its next occurrence
+  (missed ones fire once). A firing that fails is recorded on the reminder and
+  tried again at the next check (the background loop waits ``RETRY_S``
+  before it tries an overdue one again);
 - starts the jobs the idle gate lets through (``runtime.idle``,
   ``runtime.jobs.due_jobs``). Each run gets its own job actor
   (``actors.job_actor``) that exists only while the run does; runs go one at a
@@ -16,7 +26,8 @@ person's presence; durable, so a restart forgets neither), checks every
   (``job_runs``); the next run and the next tick go on.
 
 Messages (``actors/messages.py``): ``Activity``, ``Presence``, ``Tick``,
-``JobsStatus``, ``RunJob``, ``Remind``. Every time in them is optional: given,
+``JobsStatus``, ``RunJob``, ``Remind``, ``ListReminders``, ``CancelReminder``.
+Every time in them is optional: given,
 it is the instant the message means (tests and simulations jump time by
 sending ``Tick(now=...)`` instead of sleeping; a run started by such a tick
 sees its job's clock fixed at that instant); absent, the actor's clock (the
@@ -32,6 +43,7 @@ import logging
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -41,26 +53,31 @@ from ray.exceptions import GetTimeoutError, RayTaskError
 
 from actors import metrics
 from actors.common import BadRequest, accept, open_store, setup_logging, unwrap
-from actors.handles import TranscriptClient
+from actors.handles import TranscriptClient, TurnsClient
 from actors.job_actor import JobActor
 from actors.messages import (
     Ack,
     Activity,
     AppendTurns,
+    CancelReminder,
     IdleInfo,
     JobLine,
     JobRun,
     JobsReport,
     JobsStatus,
+    ListReminders,
     PersonPresence,
     Presence,
     PresenceReport,
     PresenceRequest,
     Remind,
     Reminded,
+    ReminderLine,
+    ReminderList,
     RunJob,
     Tick,
     Ticked,
+    UserTurn,
 )
 from runtime import jobs, reminders
 from runtime.clock import Clock, SystemClock, household_zone
@@ -76,6 +93,13 @@ WRITER = "cron"
 # multiple of the budget its actor is killed and the run recorded as failed.
 HARD_LIMIT = 3.0
 MAX_WAKE_S = 3600.0
+# Scheduled prompts answered at once (each waits for the language model).
+PROMPT_WORKERS = 2
+# How long a scheduled prompt may take to be answered before it is tried again
+# (the re-send waits behind the first in the Turns actor and finds its answer).
+PROMPT_TIMEOUT_S = 600.0
+# The background loop's pause before it tries an overdue reminder again.
+RETRY_S = 30.0
 
 
 @dataclass
@@ -107,7 +131,12 @@ class CronActor:
         self._pending: dict[str, _Pending] = {}
         self._wake = threading.Event()
         self._stopping = False
+        self._asking: set[int] = set()  # scheduled prompts being answered
+        self._retry_at = 0.0  # (monotonic) when the loop tries an overdue reminder again
+        self._prompts = ThreadPoolExecutor(max_workers=PROMPT_WORKERS,
+                                           thread_name_prefix="cron-prompts")
         self.transcript = TranscriptClient(self.namespace)
+        self.turns = TurnsClient(self.namespace, PROMPT_TIMEOUT_S)
         with self._lock:
             closed = jobs.close_interrupted(self.store, self.clock.now())
         if closed:
@@ -156,7 +185,7 @@ class CronActor:
         """Fire due reminders; queue the jobs the idle gate lets through."""
         msg = accept(Tick, msg if msg is not None else Tick())
         now = self._now(msg.now)
-        fired = self._fire_reminders(now)
+        fired, asking = self._fire_reminders(now)
         with self._lock:
             gate = self._gate(now)
             idle_names = [n for n in self.jobs if n not in self._pending]
@@ -166,7 +195,9 @@ class CronActor:
             log.info("idle since %s (%s): starting %s", gate.idle_since, gate.reason,
                      ", ".join(due))
         runs = [self._wait(p, None) for p in queued] if msg.wait else []
-        return Ticked(reminders=fired, started=due, runs=runs)
+        if msg.wait:
+            fired += [rid for rid, answer in asking.items() if answer.result()]
+        return Ticked(reminders=fired, started=due, runs=runs, prompts=list(asking))
 
     def _loop(self) -> None:
         """The background check: every ``check_every_s`` (the first one after a
@@ -177,7 +208,10 @@ class CronActor:
                 upcoming = reminders.next_due(self.store)
             wait = last_check + self.every - time.monotonic()
             if upcoming is not None:
-                wait = min(wait, upcoming - self.clock.now())
+                until_due = upcoming - self.clock.now()
+                if until_due <= 0:  # overdue: failed, or a prompt being answered
+                    until_due = self._retry_at - time.monotonic()
+                wait = min(wait, until_due)
             if self._wake.wait(max(0.0, min(wait, MAX_WAKE_S))):
                 self._wake.clear()  # a new reminder, or stop: look again
                 continue
@@ -186,7 +220,7 @@ class CronActor:
                     last_check = time.monotonic()
                     self.tick(Tick())
                 else:
-                    self._fire_reminders(self.clock.now())
+                    self._fire_reminders(self.clock.now())  # prompts: answered in the pool
             except Exception:  # a tick never ends the loop
                 log.exception("tick failed")
 
@@ -199,38 +233,126 @@ class CronActor:
             raise BadRequest(f"unknown channel {msg.channel!r}; configured channels: {known}")
         now = self._now(msg.now)
         try:
+            repeat = None if msg.every is None else reminders.parse_repeat(msg.every)
             due_at = reminders.parse_when(msg.when, now, self.zone)
             with self._lock:
-                made = reminders.add(self.store, msg.text, msg.channel, due_at)
+                made = reminders.add(self.store, msg.text, msg.channel, due_at,
+                                     kind=msg.kind, repeat=repeat, zone=self.zone)
         except ValueError as exc:
             raise BadRequest(str(exc)) from None
         self._wake.set()
-        local = datetime.fromtimestamp(due_at, tz=self.zone)
-        return Reminded(id=made.id, due_at=due_at, channel=made.channel,
-                        due_local=local.isoformat(timespec="minutes"))
+        return Reminded(id=made.id, due_at=made.due_at, channel=made.channel,
+                        due_local=self._local(made.due_at), kind=made.kind,
+                        repeat=made.repeat)
 
-    def _fire_reminders(self, now: float) -> list[int]:
-        """Say every reminder due at ``now`` once: append (idempotent by its request
-        id), then mark it fired. A failure leaves it for the next check."""
-        fired = []
+    def list_reminders(self, msg: ListReminders | None = None) -> ReminderList:
+        """The reminders still to fire, soonest first."""
+        accept(ListReminders, msg if msg is not None else ListReminders())
+        with self._lock:
+            pending = reminders.pending(self.store)
+        return ReminderList(reminders=[ReminderLine(
+            id=r.id, text=r.text, channel=r.channel, kind=r.kind, repeat=r.repeat,
+            due_at=r.due_at, due_local=self._local(r.due_at), fired=r.occurrence,
+            last_outcome=r.outcome, error=r.error) for r in pending])
+
+    def cancel_reminder(self, msg: CancelReminder) -> Ack:
+        """Cancel a pending reminder (again: Ack; none such, or fired: BadRequest).
+        A prompt being answered as it is cancelled is answered, but not repeated."""
+        msg = accept(CancelReminder, msg)
+        try:
+            with self._lock:
+                changed = reminders.cancel(self.store, msg.id, self.clock.now())
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        self._wake.set()
+        return Ack(detail=f"reminder {msg.id} {'cancelled' if changed else 'was cancelled'}")
+
+    def _local(self, at: float) -> str:
+        return datetime.fromtimestamp(at, tz=self.zone).isoformat(timespec="minutes")
+
+    def _fire_reminders(self, now: float) -> tuple[list[int], dict[int, Future[bool]]]:
+        """Fire every reminder due at ``now`` once. A ``say`` one is appended
+        (idempotent by its request id), then marked fired: its id is in the first
+        list. A prompt is handed to the prompt pool: its answer (True once
+        answered and marked) is in the second. A failure leaves the reminder for
+        the next check."""
+        said: list[int] = []
+        asking: dict[int, Future[bool]] = {}
         with self._fire_lock:
             with self._lock:
-                due = reminders.due(self.store, now)
+                found = reminders.due(self.store, now)
+                due = [r for r in found if r.id not in self._asking]
+                self._asking.update(r.id for r in due if r.kind == "ask")
             for reminder in due:
-                turn = TurnIn(channel=reminder.channel, source=reminders.SOURCE,
-                              role="assistant", content=reminders.content(reminder),
-                              created_at=now, request_id=reminder.request_id)
-                try:
-                    turn_id = self.transcript.append(
-                        AppendTurns(turns=[turn], writer=WRITER)).ids[0]
-                except Exception as exc:
-                    log.warning("reminder %d not fired yet: %s", reminder.id,
-                                jobs.error_text(exc))
-                    continue
-                with self._lock:
-                    reminders.mark_fired(self.store, reminder.id, turn_id, now)
-                fired.append(reminder.id)
-        return fired
+                if reminder.kind == "ask":
+                    asking[reminder.id] = self._prompts.submit(self._ask, reminder, now)
+                elif self._say(reminder, now):
+                    said.append(reminder.id)
+            unfired = len(found) - len(said)  # failed, or a prompt being answered
+        self._retry_at = time.monotonic() + RETRY_S if unfired else 0.0
+        return said, asking
+
+    def _say(self, reminder: reminders.Reminder, now: float) -> bool:
+        turn = TurnIn(channel=reminder.channel, source=reminders.SOURCE,
+                      role="assistant", content=reminders.content(reminder),
+                      created_at=now, request_id=reminder.request_id)
+        try:
+            turn_id = self.transcript.append(AppendTurns(turns=[turn], writer=WRITER)).ids[0]
+        except Exception as exc:
+            self._failed(reminder, exc)
+            return False
+        with self._lock:
+            reminders.mark_fired(self.store, reminder.id, turn_id, now, "said", self.zone,
+                                 reminder.occurrence)
+        return True
+
+    def _ask(self, reminder: reminders.Reminder, now: float) -> bool:
+        """Have the assistant answer a scheduled prompt (in the prompt pool), then
+        mark it fired: True once done. Its answer found stored already (a crash
+        before the mark), it is marked without asking again."""
+        try:
+            return self._answer(reminder, now)
+        finally:
+            with self._lock:
+                self._asking.discard(reminder.id)
+            self._wake.set()  # the loop looks at what is due again
+
+    def _answer(self, reminder: reminders.Reminder, now: float) -> bool:
+        try:
+            with self._lock:
+                reply_id = reminders.answered(self.store, reminder)
+            outcome: reminders.Outcome = "answered"
+            if reply_id is None:
+                reply = self.turns.process(UserTurn(
+                    channel=reminder.channel, source=reminders.SOURCE, text=reminder.text,
+                    request_id=reminder.request_id))
+                reply_id = reply.reply_id
+                outcome = "unanswered" if reply.provider == "none" else "answered"
+        except BadRequest as exc:  # refused for good (its channel gone): not again
+            log.warning("scheduled prompt %d refused: %s", reminder.id, jobs.error_text(exc))
+            reply_id, outcome = None, "refused"
+        except Exception as exc:
+            self._failed(reminder, exc)
+            return False
+        try:
+            with self._lock:
+                reminders.mark_fired(self.store, reminder.id, reply_id, now, outcome,
+                                     self.zone, reminder.occurrence)
+        except Exception:
+            log.exception("scheduled prompt %d answered but not marked", reminder.id)
+            return False
+        log.info("scheduled prompt %d: %s", reminder.id, outcome)
+        return True
+
+    def _failed(self, reminder: reminders.Reminder, exc: BaseException) -> None:
+        """A firing failed: recorded on the reminder, tried again at the next check."""
+        error = jobs.error_text(exc)
+        log.warning("reminder %d not fired yet: %s", reminder.id, error)
+        try:
+            with self._lock:
+                reminders.record_error(self.store, reminder.id, error)
+        except Exception:
+            log.exception("reminder %d: the failure could not be recorded", reminder.id)
 
     # -- runs ------------------------------------------------------------------------
 
@@ -337,6 +459,7 @@ class CronActor:
         """End the background threads (a run in progress ends with its actor)."""
         self._stopping = True
         self._wake.set()
+        self._prompts.shutdown(wait=False, cancel_futures=True)
         with self._queued:
             self._queued.notify_all()
 

@@ -44,8 +44,10 @@ from actors.messages import (
     Activity,
     AddEpisode,
     AddFact,
+    AddPortrait,
     AppendTurns,
     BrowseMemories,
+    CancelReminder,
     ChangeMemory,
     Compact,
     Compacted,
@@ -63,11 +65,13 @@ from actors.messages import (
     JobRun,
     JobsReport,
     JobsStatus,
+    ListReminders,
     LocationInfo,
     LocationRequest,
     MemoryMatches,
     MemoryPage,
     MemoryView,
+    PortraitWritten,
     Presence,
     PresenceReport,
     PresenceRequest,
@@ -78,6 +82,7 @@ from actors.messages import (
     RecordFixes,
     Remind,
     Reminded,
+    ReminderList,
     RunJob,
     SyncIndex,
     Tick,
@@ -332,6 +337,9 @@ class GraphClient(ActorClient):
     def add(self, msg: AddFact) -> FactWritten:
         return self.call("add", msg, reply=FactWritten)
 
+    def add_portrait(self, msg: AddPortrait) -> PortraitWritten:
+        return self.call("add_portrait", msg, reply=PortraitWritten)
+
     def change(self, msg: ChangeMemory) -> Ack:
         return self.call("change", msg, reply=Ack)
 
@@ -389,6 +397,14 @@ class CronClient(ActorClient):
 
     def remind(self, msg: Remind) -> Reminded:
         return self.call("remind", msg, reply=Reminded)
+
+    def list_reminders(self, msg: ListReminders | None = None) -> ReminderList:
+        return self.call("list_reminders", msg or ListReminders(), reply=ReminderList,
+                         retry=True)
+
+    def cancel_reminder(self, msg: CancelReminder) -> Ack:
+        # idempotent: a reminder cancelled already answers Ack again
+        return self.call("cancel_reminder", msg, reply=Ack, retry=True)
 
     def presence_report(self, timeout: float | None = None) -> PresenceReport:
         return self.call("presence_report", PresenceRequest(), reply=PresenceReport,

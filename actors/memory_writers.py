@@ -1,4 +1,5 @@
-"""The Episodes and Graph actors: the only writers of episodes and of facts."""
+"""The Episodes and Graph actors: the only writers of episodes and of facts (and of
+the household's portrait, a summary of the facts)."""
 
 from __future__ import annotations
 
@@ -19,17 +20,20 @@ from actors.messages import (
     Ack,
     AddEpisode,
     AddFact,
+    AddPortrait,
     ChangeMemory,
     DropFromIndex,
     EditMemory,
     EpisodeWritten,
     FactWritten,
+    PortraitWritten,
     TouchEpisodes,
 )
 from runtime.config import Settings
 from runtime.episodes import EpisodeService
 from runtime.fact_kinds import FactKinds
 from runtime.facts import GraphService
+from runtime.portrait import PortraitService
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +85,7 @@ class GraphActor:
         self.store = open_store(settings)
         self.graph = GraphService(self.store, FactKinds.load(settings.memory.fact_kinds_file),
                                   load_profiles(settings))
+        self.portraits = PortraitService(self.store)
         self.recall = RecallClient(settings.runtime.namespace)
         self.notify_recall = Notifier(self.recall.sync_some_async, "recall.sync_some")
 
@@ -94,6 +99,11 @@ class GraphActor:
             raise bad_request(exc) from None
         self.notify_recall()
         return FactWritten(fact_id=fact_id, action=decision.action)
+
+    def add_portrait(self, msg: AddPortrait) -> PortraitWritten:
+        """Append a version of the portrait (``runtime.portrait``), with the write log."""
+        msg = accept(AddPortrait, msg)
+        return PortraitWritten(portrait_id=self.portraits.add(msg.portrait, msg.writer))
 
     def change(self, msg: ChangeMemory) -> Ack:
         """Disable, enable or forget one fact; then bring the index in step."""

@@ -18,6 +18,7 @@ older senders keep working.
 | AddEpisode         | Episodes.add             | EpisodeWritten   |
 | TouchEpisodes      | Episodes.touch           | Ack              |
 | AddFact            | Graph.add                | FactWritten      |
+| AddPortrait        | Graph.add_portrait       | PortraitWritten  |
 | ChangeMemory       | owner of the ref .change | Ack              |
 | UserTurn           | Turns.process            | TurnReply        |
 | UserTurn           | Turns.process_stream     | TurnDelta…, TurnReply (streamed) |
@@ -32,6 +33,8 @@ older senders keep working.
 | JobsStatus         | Cron.status              | JobsReport       |
 | RunJob             | Cron.run                 | JobRun           |
 | Remind             | Cron.remind              | Reminded         |
+| ListReminders      | Cron.list_reminders      | ReminderList     |
+| CancelReminder     | Cron.cancel_reminder     | Ack              |
 | PresenceRequest    | Cron.presence_report     | PresenceReport   |
 | RecordFixes        | Transcript.record_fixes  | FixesStored      |
 | LocationRequest    | Transcript.location      | LocationInfo     |
@@ -54,6 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runtime.episodes import EpisodeIn
 from runtime.facts import FactIn
+from runtime.portrait import PortraitIn
 from runtime.recall import RecallItem, RecallResult
 from runtime.transcript import MAX_TURN_CHARS, Location, TurnIn
 
@@ -83,11 +87,16 @@ class AppendTurns(Message):
 
     A turn's ``request_id`` (optional) makes a retry idempotent. ``citations``
     (optional, one list of refs per turn) records which memories the model was
-    given for that turn, written in the same transaction as the turn itself."""
+    given for that turn, written in the same transaction as the turn itself.
+    ``index_now``: tell Recall at once that there is news (the default). The
+    Turns actor says no for the turn it is about to answer, and tells Recall
+    itself after its turn-zero recall, which so never waits behind the
+    embedding of the very turn it answers."""
 
     turns: list[TurnIn] = Field(min_length=1, max_length=MAX_BATCH)
     citations: list[list[Ref]] | None = Field(default=None, max_length=MAX_BATCH)
     writer: str = Field(default="transcript", min_length=1, max_length=80)
+    index_now: bool = True
 
     @model_validator(mode="after")
     def _one_citation_list_per_turn(self) -> AppendTurns:
@@ -253,6 +262,17 @@ class AddFact(Message):
 class FactWritten(Message):
     fact_id: int
     action: Literal["insert", "reinforce", "supersede", "keep"]
+
+
+class AddPortrait(Message):
+    """A new version of the household's portrait (the synthesis job)."""
+
+    portrait: PortraitIn
+    writer: str = Field(default="synthesis", min_length=1, max_length=80)
+
+
+class PortraitWritten(Message):
+    portrait_id: int
 
 
 class TouchEpisodes(Message):
@@ -449,9 +469,12 @@ class JobRun(Message):
 
 
 class Ticked(Message):
-    reminders: list[int]  # ids of the reminders fired
+    reminders: list[int]  # ids of the reminders fired (prompts: answered, with ``wait``)
     started: list[str]  # jobs started
     runs: list[JobRun] = Field(default_factory=list)  # their ends, with ``wait``
+    # ids of the scheduled prompts sent to the assistant (answered in the background;
+    # with ``wait``, already answered or failed)
+    prompts: list[int] = Field(default_factory=list)
 
 
 class JobsStatus(Message):
@@ -495,13 +518,17 @@ class RunJob(Message):
 
 
 class Remind(Message):
-    """Say ``text`` on ``channel`` at ``when`` (``tomorrow 8:00``, ``in 2 hours``...,
-    read in the household's zone)."""
+    """Say ``text`` on ``channel`` at ``when`` (``tomorrow 8:00``, ``in 2 hours``,
+    ``tuesday 19:00``..., read in the household's zone). ``kind`` ``ask``: a
+    scheduled prompt, answered by the assistant as a turn. ``every``: repeat
+    (``day``, ``week``, ``weekday``, ``N days``, ``N hours``)."""
 
     text: str = Field(min_length=1, max_length=2000)
     when: str = Field(min_length=1, max_length=100)
     channel: str = Field(default="cli", min_length=1, max_length=200)
     now: float | None = Field(default=None, allow_inf_nan=False)
+    kind: Literal["say", "ask"] = "say"
+    every: str | None = Field(default=None, min_length=1, max_length=40)
 
 
 class Reminded(Message):
@@ -509,6 +536,39 @@ class Reminded(Message):
     due_at: float
     due_local: str  # the due time in the household's zone, ISO 8601
     channel: str
+    kind: Literal["say", "ask"] = "say"
+    repeat: str | None = None  # the repeat rule as stored (``week``, ``3 days``...)
+
+
+class ListReminders(Message):
+    """The reminders still to fire (``reverie remind --list``)."""
+
+
+class ReminderLine(BaseModel):
+    """One pending reminder (no version field: ``remind --list --json`` prints it as is)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: int
+    text: str
+    channel: str
+    kind: Literal["say", "ask"]
+    repeat: str | None  # None: once
+    due_at: float  # the next occurrence
+    due_local: str  # the same in the household's zone, ISO 8601
+    fired: int  # occurrences fired so far
+    last_outcome: str | None  # said, answered, unanswered, refused
+    error: str | None  # the last failed attempt, if the next firing has not cleared it
+
+
+class ReminderList(Message):
+    reminders: list[ReminderLine]
+
+
+class CancelReminder(Message):
+    """Cancel a pending reminder (a repeating one: every occurrence to come)."""
+
+    id: int = Field(ge=1)
 
 
 # -- the edge: location and presence (device/) ---------------------------------

@@ -2,17 +2,21 @@
 
 :class:`RemoteWriter` satisfies ``runtime.job_context.MemoryWriter`` (as
 :class:`runtime.memory.Memory` does in-process): ``add_episode`` goes to the
-Episodes actor, ``add_fact`` to Graph, ``compact`` to Transcript, through the
-typed clients, so the single-writer rule holds for jobs too. A refused write
+Episodes actor, ``add_fact`` and ``add_portrait`` to Graph, ``compact`` to
+Transcript, ``change`` to the owner of the ref's kind (``actors.common.OWNERS``,
+as ``reverie forget`` does), through the typed clients, so the single-writer
+rule holds for jobs too. A refused write
 raises ``BadRequest`` (a muted source, an unknown kind), as it would in-process.
 """
 
 from __future__ import annotations
 
 from actors.handles import CALL_TIMEOUT_S, EpisodesClient, GraphClient, TranscriptClient
-from actors.messages import AddEpisode, AddFact, Compact
+from actors.messages import AddEpisode, AddFact, AddPortrait, ChangeMemory, Compact
 from runtime.episodes import EpisodeIn
 from runtime.facts import FactIn, Resolution
+from runtime.portrait import PortraitIn
+from runtime.refs import Action, Ref
 
 
 class RemoteWriter:
@@ -35,3 +39,16 @@ class RemoteWriter:
     def compact(self, channel: str, summary: str, watermark: int, writer: str) -> int:
         return self.transcript.compact(Compact(channel=channel, summary=summary,
                                                watermark=watermark, writer=writer)).compaction_id
+
+    def change(self, ref: Ref, action: Action, writer: str) -> None:
+        msg = ChangeMemory(ref=str(ref), change=action, writer=writer)
+        if ref.kind == "fact":
+            self.graph.change(msg)
+        elif ref.kind == "episode":
+            self.episodes.change(msg)
+        else:
+            self.transcript.change(msg)
+
+    def add_portrait(self, portrait: PortraitIn, writer: str) -> int:
+        return self.graph.add_portrait(AddPortrait(portrait=portrait,
+                                                   writer=writer)).portrait_id

@@ -66,7 +66,8 @@ class TranscriptActor:
                     ids.append(turn_id)
         except (ValidationError, ValueError) as exc:
             raise bad_request(exc) from None
-        self.notify_recall()
+        if msg.index_now:
+            self.notify_recall()
         return TurnsAppended(ids=ids)
 
     def record_fixes(self, msg: RecordFixes) -> FixesStored:

@@ -2,10 +2,17 @@
 
 A user turn is checked, written to the transcript, seeded with turn-zero
 recall (when its channel's memory-seed flag is on), assembled into a prompt
-with the bootstrap persona files, the recalled memories and the household's
-local time, answered by the language model, and the reply is written with the
+with the bootstrap persona files, the household's portrait (the latest
+version, read from the store and cached by version: ``runtime.portrait``;
+seeded channels only), the recalled memories and the household's local time,
+answered by the language model, and the reply is written with the
 refs of the memories the model was given (its citations), in one call. A
 temporary turn writes nothing at all.
+
+A turn re-sent with the request id of one already answered (a caller's retry,
+or the Cron actor firing a scheduled prompt again after a crash) is answered
+with the stored reply: the language model is not asked twice, nothing is
+written again.
 
 :meth:`TurnsActor.process_stream` is the same path for streamed replies (a Ray
 streaming generator): it yields each piece of the reply as the language model
@@ -22,11 +29,11 @@ reply in its history, and the transcript keeps question-answer order.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
@@ -34,14 +41,13 @@ from functools import partial
 from pydantic import ValidationError
 
 from actors import metrics
-from actors.common import BadRequest, accept, bad_request, setup_logging
+from actors.common import BadRequest, accept, bad_request, open_store, setup_logging
 from actors.handles import CronClient, EpisodesClient, RecallClient, TranscriptClient
 from actors.messages import (
     Activity,
     AppendTurns,
     MemoryItem,
     Recall,
-    Recalled,
     RecentTurns,
     TouchEpisodes,
     TurnDelta,
@@ -53,7 +59,9 @@ from runtime.config import ChannelSettings, Settings
 from runtime.llm import AllProvidersFailed, ChatMessage, LLMError, LLMRequest, make_llm
 from runtime.llm_queue import LLMHealth
 from runtime.persona import PersonaLoader
+from runtime.portrait import PortraitLine, PortraitReader
 from runtime.prompt import build_messages
+from runtime.store import Store
 from runtime.transcript import MAX_TURN_CHARS, TurnIn
 
 log = logging.getLogger(__name__)
@@ -61,6 +69,7 @@ log = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 60.0
 ASSISTANT_SOURCE = "assistant"
 NO_ANSWER = "Sorry, I cannot answer right now."
+STORED = "stored"  # the provider of a reply answered before (a re-sent turn)
 
 
 @dataclass(frozen=True)
@@ -130,7 +139,12 @@ class TurnsActor:
         self.cron = CronClient(namespace, CALL_TIMEOUT_S)
         self.episodes = EpisodesClient(namespace, CALL_TIMEOUT_S)
         self.channels = ChannelQueue(partial(metrics.queue_depth, "turns_waiting"))
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="turn-recall")
+        # its own read connection, opened on the first seeded turn
+        self.portrait = PortraitReader(partial(open_store, settings, self.clock))
+        # a read connection for re-sent turns (those with a caller's request id),
+        # opened on the first one
+        self._replies: Store | None = None
+        self._replies_lock = threading.Lock()
 
     def _user_turn_in(self, msg: UserTurn) -> TurnIn:
         try:
@@ -154,6 +168,9 @@ class TurnsActor:
     def process(self, msg: UserTurn) -> TurnReply:
         msg, channel, user_turn = self._accept(msg)
         with self.channels.turn(msg.channel):
+            answered = self._answered(msg, user_turn)
+            if answered is not None:
+                return answered
             prepared = self._prepare(msg, channel, user_turn)
             try:
                 completion = self.llm.complete(prepared.request, prefer=msg.model)
@@ -169,6 +186,11 @@ class TurnsActor:
         model sends them, then the stored :class:`TurnReply`."""
         msg, channel, user_turn = self._accept(msg)
         with self.channels.turn(msg.channel):
+            answered = self._answered(msg, user_turn)
+            if answered is not None:
+                yield TurnDelta(text=answered.text)
+                yield answered
+                return
             prepared = self._prepare(msg, channel, user_turn)
             pieces: list[str] = []
             provider = "none"
@@ -186,38 +208,68 @@ class TurnsActor:
             metrics.turn(msg.channel, streamed=True)
             yield self._finish(prepared, "".join(pieces), provider)
 
+    def _answered(self, msg: UserTurn, user_turn: TurnIn) -> TurnReply | None:
+        """The reply already stored to a re-sent turn (the caller's request id):
+        the language model is not asked again. Checked in the channel's queue, so
+        a re-send that arrives while the first is answered waits and finds it."""
+        if msg.temporary or msg.request_id is None:
+            return None
+        with self._replies_lock:
+            if self._replies is None:
+                self._replies = open_store(self.settings, self.clock)
+            reply = self._replies.row(
+                "SELECT id, content, citations FROM transcript WHERE request_id = ?",
+                (f"reply-{user_turn.request_id}",))
+            if reply is None:
+                return None
+            asked = self._replies.scalar("SELECT id FROM transcript WHERE request_id = ?",
+                                         (user_turn.request_id,))
+        log.info("turn re-sent: answered with the stored reply %d", reply["id"])
+        return TurnReply(turn_id=None if asked is None else int(asked), reply_id=reply["id"],
+                         text=reply["content"], citations=json.loads(reply["citations"] or "[]"),
+                         provider=STORED, notice=self.llm.notice)
+
     def _prepare(self, msg: UserTurn, channel: ChannelSettings,
                  user_turn: TurnIn) -> _Prepared:
-        # The history before this turn; then recall runs while the turn is written
-        # (recall does not wait behind the indexing of the turn it answers).
-        history = self.transcript.recent(
-            RecentTurns(channel=msg.channel, limit=self.settings.runtime.history_turns))
-        past = [t for t in history.turns if not t.disabled]
-        recalling: Future[Recalled] | None = None
-        if channel.seed and not channel.background:
-            shown = [f"turn:{t.id}" for t in history.turns]  # already in the prompt
-            recalling = self._pool.submit(self.recall.recall,
-                                          Recall(query=msg.text, exclude=shown))
+        seeding = channel.seed and not channel.background
         turn_id: int | None = None
-        try:
-            if not msg.temporary:
-                turn_id = self.transcript.append(AppendTurns(turns=[user_turn])).ids[0]
-        except BaseException:
-            if recalling is not None:
-                recalling.cancel()  # one already running ends by itself, unread
-            raise
-        recalled = recalling.result() if recalling is not None else None
-        # (should the turn have been indexed first after all, it is not its own memory)
-        memories: list[MemoryItem] = [m for m in (recalled.items if recalled else [])
-                                      if m.ref != f"turn:{turn_id}"]
-        degraded = recalled.degraded if recalled is not None else False
+        if not msg.temporary:
+            # Recall hears of this turn after the turn-zero recall below (which so
+            # does not wait behind the embedding of the very turn it answers).
+            turn_id = self.transcript.append(
+                AppendTurns(turns=[user_turn], index_now=not seeding)).ids[0]
+
+        history = self.transcript.recent(
+            RecentTurns(channel=msg.channel, limit=self.settings.runtime.history_turns + 1))
+        past = [t for t in history.turns
+                if t.id != turn_id and not t.disabled][-self.settings.runtime.history_turns:]
+
+        memories: list[MemoryItem] = []
+        degraded = False
+        if seeding:
+            shown = [f"turn:{t.id}" for t in history.turns]  # already in the prompt
+            try:
+                recalled = self.recall.recall(Recall(query=msg.text, exclude=shown))
+            finally:
+                if turn_id is not None:
+                    self._index_soon()
+            memories = recalled.items
+            degraded = recalled.degraded
 
         messages = build_messages(
             self.persona.load(), memories,
             [_as_message(t.role, t.content) for t in past],
-            msg.text, local_datetime(self.clock, self.zone))
+            msg.text, local_datetime(self.clock, self.zone),
+            portrait=self._portrait(channel))
         request = LLMRequest(messages=messages, memories=[m.text for m in memories])
         return _Prepared(msg, user_turn, turn_id, memories, degraded, request)
+
+    def _portrait(self, channel: ChannelSettings) -> list[PortraitLine]:
+        """The household's portrait for a seeded channel's prompt (none on a
+        background channel, nor when it cannot be read)."""
+        if not channel.seed or channel.background:
+            return []
+        return self.portrait.lines()
 
     def _finish(self, prepared: _Prepared, text: str, provider: str) -> TurnReply:
         msg, memories = prepared.msg, prepared.memories
@@ -245,6 +297,14 @@ class TurnsActor:
             self.episodes.touch_async(TouchEpisodes(ids=ids, at=self.clock.now()))
         except Exception as exc:
             log.debug("cannot refresh used episodes: %s", type(exc).__name__)
+
+    def _index_soon(self) -> None:
+        """Tell Recall there is news (fire and forget): the turn just answered
+        for, written without telling it."""
+        try:
+            self.recall.sync_some_async()
+        except Exception as exc:  # the next write's notification catches up
+            log.debug("cannot tell recall about the turn: %s", type(exc).__name__)
 
     def _tell_cron(self) -> None:
         """The user is here: idleness starts again (fire and forget; the turn

@@ -370,6 +370,124 @@ class HttpSettings(_Section):
     models: dict[str, str] = Field(default_factory=dict)
 
 
+SYNC_KINDS = ("caldav", "ical", "imap", "carddav")
+_SYNC_SCHEMES = {"caldav": ("http", "https"), "carddav": ("http", "https"),
+                 "ical": ("http", "https", "webcal"), "imap": ("imap", "imaps")}
+
+
+class ConnectorSettings(_Section):
+    """One capability-sync connector (``[[sync.connectors]]``, ``runtime.sync``).
+
+    Its items become memories of source ``sync:<name>``. The password is never
+    in the file: ``password_env`` names the environment variable holding it."""
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,39}$")
+    kind: Literal["caldav", "ical", "imap", "carddav"]
+    url: str = Field(min_length=1, max_length=2000)
+    username: str | None = Field(default=None, min_length=1, max_length=320)
+    # The NAME of the environment variable holding the password, never the password.
+    password_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
+    # imap: the folders read (default: INBOX only); nothing else is ever opened.
+    folders: list[str] | None = None
+    # caldav/carddav: the calendars or address books read, by display name or
+    # the last part of their URL (empty: all of them).
+    collections: list[str] = Field(default_factory=list)
+    max_excerpt_chars: int = Field(default=500, ge=0, le=3000)  # mail text, event notes
+    max_item_bytes: int = Field(default=1_048_576, ge=4096, le=64 * 1_048_576)
+    max_download_bytes: int = Field(default=16 * 1_048_576, ge=65536, le=512 * 1_048_576)
+    timeout_s: float = Field(default=20.0, gt=0, le=300)
+    ca_file: Path | None = None  # a CA bundle for a server with its own certificate
+    enabled: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_secret(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "password" in data:
+            raise ValueError("password: never put the secret in the file; name the "
+                             "environment variable that holds it in password_env")
+        return data
+
+    @field_validator("folders")
+    @classmethod
+    def _folder_names(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and (not value or any(not f.strip() for f in value)):
+            raise ValueError("folders: name at least one folder, none empty")
+        return value
+
+    @model_validator(mode="after")
+    def _coherent(self) -> ConnectorSettings:
+        parts = urlsplit(self.url)
+        if parts.scheme not in _SYNC_SCHEMES[self.kind]:
+            raise ValueError(f"url: {self.kind} urls start with "
+                             f"{' or '.join(s + '://' for s in _SYNC_SCHEMES[self.kind])}")
+        if not parts.hostname:
+            raise ValueError("url: no host")
+        if parts.username is not None or parts.password is not None:
+            raise ValueError("url: no credentials in the url; use username and password_env")
+        if self.folders is not None and self.kind != "imap":
+            raise ValueError(f"folders: only for imap, not {self.kind}")
+        if self.collections and self.kind not in ("caldav", "carddav"):
+            raise ValueError(f"collections: only for caldav and carddav, not {self.kind}")
+        if self.password_env and not self.username:
+            raise ValueError("password_env is set but username is not")
+        if self.kind == "imap" and not (self.username and self.password_env):
+            raise ValueError("imap needs username and password_env")
+        return self
+
+
+class SyncSettings(_Section):
+    """Capability sync (the ``sync`` job): calendars, mail and contacts."""
+
+    # Calendar events are expanded (recurrences too) within this window around now.
+    calendar_days_back: int = Field(default=30, ge=0, le=3650)
+    calendar_days_ahead: int = Field(default=90, ge=1, le=3650)
+    connectors: list[ConnectorSettings] = Field(default_factory=list)
+
+    @field_validator("connectors")
+    @classmethod
+    def _unique_names(cls, value: list[ConnectorSettings]) -> list[ConnectorSettings]:
+        names = [c.name for c in value]
+        doubles = sorted({n for n in names if names.count(n) > 1})
+        if doubles:
+            raise ValueError(f"connector names must be unique: {', '.join(doubles)}")
+        return value
+
+
+class ResearchSettings(_Section):
+    """Proactive research (the ``research`` job, ``runtime.research``): RSS and
+    Atom feeds scored against the household's interests; the relevant items
+    become ``discovery`` facts of source ``research``."""
+
+    feeds: list[str] = Field(default_factory=list, max_length=100)  # http(s) URLs
+    # The job runs at most this often, whatever the Cron gate allows (6 h).
+    every_s: float = Field(default=21600.0, ge=60.0, le=30 * 86400.0)
+    max_items_per_feed: int = Field(default=30, ge=1, le=500)
+    max_new_per_run: int = Field(default=5, ge=1, le=100)  # discoveries written per run
+    # weight x cosine to the closest interest an item needs (see runtime.research)
+    threshold: float = Field(default=0.25, ge=-1.0, le=1.0)
+    timeout_s: float = Field(default=15.0, gt=0, le=120)  # each request
+    max_feed_bytes: int = Field(default=2_097_152, ge=4096, le=64 * 1_048_576)
+    max_item_chars: int = Field(default=1000, ge=50, le=20_000)  # item text scored
+    excerpt_chars: int = Field(default=280, ge=0, le=2000)  # item text stored
+
+    @field_validator("feeds")
+    @classmethod
+    def _feed_urls(cls, value: list[str]) -> list[str]:
+        out = []
+        for url in (u.strip() for u in value):
+            parts = urlsplit(url)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ValueError(f"{url[:100]!r}: a feed is an http:// or https:// URL")
+            if parts.username is not None or parts.password is not None:
+                raise ValueError(f"{parts.hostname}: no credentials in a feed URL")
+            if len(url) > 2000:
+                raise ValueError(f"{parts.hostname}: a feed URL is at most 2000 characters")
+            if url in out:
+                raise ValueError(f"{parts.hostname}: the same feed is listed twice")
+            out.append(url)
+        return out
+
+
 class Settings(_Section):
     store: StoreSettings = StoreSettings()
     embedder: EmbedderSettings = EmbedderSettings()
@@ -385,6 +503,8 @@ class Settings(_Section):
     gps: GpsSettings = GpsSettings()
     replica: ReplicaSettings = ReplicaSettings()
     http: HttpSettings = HttpSettings()
+    sync: SyncSettings = SyncSettings()
+    research: ResearchSettings = ResearchSettings()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @model_validator(mode="after")

@@ -14,14 +14,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from runtime.clock import Clock
 from runtime.config import Settings
 from runtime.episodes import EpisodeIn
 from runtime.facts import FactIn, Resolution
 from runtime.llm import FallbackChain
+from runtime.refs import Action, Ref
 from runtime.store import Store
+
+if TYPE_CHECKING:  # runtime.portrait imports this module
+    from runtime.portrait import PortraitIn
 
 
 class MemoryWriter(Protocol):
@@ -38,6 +42,15 @@ class MemoryWriter(Protocol):
 
     def compact(self, channel: str, summary: str, watermark: int, writer: str) -> int:
         """Record a continuity summary of ``channel`` up to transcript row ``watermark``."""
+        ...
+
+    def change(self, ref: Ref, action: Action, writer: str) -> None:
+        """Disable, enable (or delete, pin, unpin) one memory, as its owner does
+        for a user: the patterns job retires a faded pattern by disabling it."""
+        ...
+
+    def add_portrait(self, portrait: PortraitIn, writer: str) -> int:
+        """Store a new version of the portrait (``runtime.portrait``); return its id."""
         ...
 
 

@@ -38,6 +38,12 @@ JOBS: dict[str, str] = {
     "consolidate": "runtime.consolidate:run",
     "facts": "runtime.extract:run",
     "decay": "runtime.janitor:run",
+    "patterns": "runtime.patterns:run",
+    "synthesis": "runtime.portrait:run",
+    "dmn": "runtime.dmn:run",
+    "sync": "runtime.sync.job:run",
+    "geo": "runtime.geo_job:run",
+    "research": "runtime.research:run",
 }
 #: Known job names that come later ("The subconscious II"): not listed, not run.
 LATER = tuple(name for name in JOB_NAMES if name not in JOBS)

@@ -26,6 +26,7 @@ from runtime.episodes import EpisodeIn, EpisodeService
 from runtime.fact_kinds import FactKinds
 from runtime.facts import FactIn, GraphService, Resolution
 from runtime.indexing import Indexer, Progress
+from runtime.portrait import PortraitIn, PortraitService
 from runtime.profiles import MemoryProfiles
 from runtime.recall import Recaller, RecallResult
 from runtime.refs import Action, Match, Ref, Services, change, find_matching
@@ -59,6 +60,7 @@ class Memory:
         self.transcript = TranscriptService(self.store, self.profiles)
         self.episodes = EpisodeService(self.store, self.profiles)
         self.graph = GraphService(self.store, self.kinds, self.profiles)
+        self.portraits = PortraitService(self.store)
         self.services = Services(self.transcript, self.episodes, self.graph)
         self.recaller = Recaller(self.store, self.index, self.embedder, self.kinds,
                                  settings.recall, self.clock,
@@ -108,6 +110,10 @@ class Memory:
         fact_id, decision = self.graph.add(fact, writer)
         self.indexer.sync()
         return fact_id, decision
+
+    def add_portrait(self, portrait: PortraitIn, writer: str = "synthesis") -> int:
+        """Store a new version of the household's portrait (``runtime.portrait``)."""
+        return self.portraits.add(portrait, writer)
 
     def change(self, ref: Ref, action: Action, writer: str = "user") -> None:
         """Disable, enable, delete (forget), pin or unpin a memory item; its vector

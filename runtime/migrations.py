@@ -545,6 +545,52 @@ MIGRATIONS: list[tuple[str, str]] = [
         END;
         """,
     ),
+    (
+        "0012_portraits",
+        """
+        -- The portrait of the household (the synthesis job, runtime.portrait): one
+        -- row per version, never rewritten; the latest is what the prompt sees.
+        -- lines: JSON [{"section", "text", "refs": ["fact:N", "episode:N"]}];
+        -- signature: the facts it was made from; how: offline, llm or fallback.
+        -- Written by the Graph actor only, through the write log.
+        CREATE TABLE portraits (
+            id         INTEGER PRIMARY KEY AUTOINCREMENT,
+            created_at REAL NOT NULL,
+            signature  TEXT NOT NULL,
+            how        TEXT NOT NULL CHECK (how IN ('offline', 'llm', 'fallback')),
+            lines      TEXT NOT NULL CHECK (json_valid(lines))
+        );
+        """,
+    ),
+    (
+        "0013_reminder_prompts_and_repeats",
+        """
+        -- Reminders (0009) become scheduled prompts too, and may repeat (written by
+        -- the Cron actor only; runtime.reminders). kind: 'say' appends the text,
+        -- 'ask' runs it as a turn the assistant answers. repeat: NULL (once) or
+        -- the rule ('day', 'week', 'weekday', 'N days', 'N hours'), stepped from
+        -- anchor_at (the first occurrence: its local wall time and phase). A
+        -- repeating row stays unfired: each firing moves due_at to the next
+        -- occurrence and counts occurrence (which, with the id, derives the
+        -- transcript request id of each firing). outcome: the last firing's
+        -- ('said', 'answered', 'unanswered', 'refused'); error: the last failed
+        -- attempt, cleared by the next firing.
+        ALTER TABLE reminders ADD COLUMN kind TEXT NOT NULL DEFAULT 'say'
+            CHECK (kind IN ('say', 'ask'));
+        ALTER TABLE reminders ADD COLUMN repeat TEXT;
+        ALTER TABLE reminders ADD COLUMN anchor_at REAL;
+        ALTER TABLE reminders ADD COLUMN occurrence INTEGER NOT NULL DEFAULT 0;
+        ALTER TABLE reminders ADD COLUMN last_fired_at REAL;
+        ALTER TABLE reminders ADD COLUMN outcome TEXT;
+        ALTER TABLE reminders ADD COLUMN error TEXT;
+        ALTER TABLE reminders ADD COLUMN cancelled_at REAL;
+        UPDATE reminders SET occurrence = 1, last_fired_at = fired_at, outcome = 'said'
+            WHERE fired_at IS NOT NULL;
+        DROP INDEX reminders_pending;
+        CREATE INDEX reminders_pending ON reminders (due_at)
+            WHERE fired_at IS NULL AND cancelled_at IS NULL;
+        """,
+    ),
 ]
 
 

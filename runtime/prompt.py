@@ -18,6 +18,12 @@ around it, so the line before can never read as a Markdown setext heading):
 
     ---
 
+    # What you know about the household
+    A summary you keep of the people you talk to ... (see PORTRAIT_INSTRUCTION)
+    - [fact:3, fact:9] Caroline: lives in Lisbon; works as counselor
+
+    ---
+
     # Memory
     These are your own memories of earlier conversations with the user. ...
     - [turn:12] My sister Ana lives in Porto.
@@ -27,7 +33,9 @@ bootstrap order); empty ones are omitted. The date/time line is always there,
 so the system message is never empty: ``now`` is read in the household's time
 zone by the caller (``runtime.clock.local_datetime``); an aware ``now`` shows
 its zone's abbreviation, when it has a name, and its offset from UTC. The
-memory section depends on ``mode``:
+portrait section is the household's latest portrait (``runtime.portrait``: lines
+with the refs they rest on), one bullet per line; it is left out with no
+lines and in mode ``"off"``. The memory section depends on ``mode``:
 ``"push"`` lists the memories, ``"index"`` says only how many are available
 (the model pulls them on demand), ``"off"`` leaves memory out; with no
 memories it is omitted in every mode.
@@ -63,6 +71,11 @@ MEMORY_INSTRUCTION = (
     "These are your own memories of earlier conversations with the user. "
     "Use them when they are relevant; never invent memories that are not listed here."
 )
+PORTRAIT_HEADING = "# What you know about the household"
+PORTRAIT_INSTRUCTION = (
+    "A summary you keep of the people you talk to, built over time from your memories "
+    "(the references in brackets). Use it when it helps; what the user says now wins over it."
+)
 _WEEKDAYS = ("Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday")
 
 
@@ -74,6 +87,16 @@ class MessageLike(Protocol):
 
     @property
     def content(self) -> str: ...
+
+
+class PortraitLineLike(Protocol):
+    """A line of the portrait with the refs it rests on (``portrait.PortraitLine`` fits)."""
+
+    @property
+    def text(self) -> str: ...
+
+    @property
+    def refs(self) -> Sequence[str]: ...
 
 
 class MemoryLine(Protocol):
@@ -88,7 +111,8 @@ class MemoryLine(Protocol):
 
 def build_messages(persona: Sequence[PersonaFile], memories: Sequence[MemoryLine],
                    history: Sequence[MessageLike], user_text: str, now: datetime,
-                   mode: Mode = "push") -> list[ChatMessage]:
+                   mode: Mode = "push",
+                   portrait: Sequence[PortraitLineLike] = ()) -> list[ChatMessage]:
     """The messages for one turn: system, then ``history``, then the user's text.
 
     Raises ValueError for an unknown mode, a history role other than
@@ -99,7 +123,7 @@ def build_messages(persona: Sequence[PersonaFile], memories: Sequence[MemoryLine
     if not user_text.strip():
         raise ValueError("user_text is empty")
     messages = [ChatMessage(role="system",
-                            content=system_prompt(persona, memories, now, mode))]
+                            content=system_prompt(persona, memories, now, mode, portrait))]
     for i, m in enumerate(history):
         role = _ROLES.get(m.role)
         if role is None:
@@ -111,10 +135,12 @@ def build_messages(persona: Sequence[PersonaFile], memories: Sequence[MemoryLine
 
 
 def system_prompt(persona: Sequence[PersonaFile], memories: Sequence[MemoryLine],
-                  now: datetime, mode: Mode = "push") -> str:
+                  now: datetime, mode: Mode = "push",
+                  portrait: Sequence[PortraitLineLike] = ()) -> str:
     """The system message's text (see the module docstring for its layout)."""
     sections = [persona_section(p) for p in persona]
     sections.append(datetime_line(now))
+    sections.append(portrait_section(portrait, mode))
     sections.append(memory_section(memories, mode))
     return SEPARATOR.join(s for s in sections if s)
 
@@ -155,6 +181,26 @@ def memory_section(memories: Sequence[MemoryLine], mode: Mode = "push") -> str:
                 f"available on request (not shown here); recall before relying on them "
                 f"and never invent memories.")
     return "\n".join((MEMORY_HEADING, MEMORY_INSTRUCTION, *lines))
+
+
+def portrait_section(lines: Sequence[PortraitLineLike], mode: Mode = "push") -> str:
+    """The portrait's section, or "" with no lines (or in mode ``"off"``)."""
+    if mode == "off":
+        return ""
+    bullets = [b for b in (portrait_bullet(line) for line in lines) if b]
+    if not bullets:
+        return ""
+    return "\n".join((PORTRAIT_HEADING, PORTRAIT_INSTRUCTION, *bullets))
+
+
+def portrait_bullet(line: PortraitLineLike) -> str:
+    """``- [fact:3, episode:9] text`` on one line, or "" for a line without text."""
+    text = _one_line(line.text)
+    if not text:
+        return ""
+    refs = ", ".join(r for r in (_one_line(r).replace("[", "(").replace("]", ")")
+                                 for r in line.refs) if r)
+    return f"- [{refs}] {text}" if refs else f"- {text}"
 
 
 def memory_bullet(m: MemoryLine) -> str:

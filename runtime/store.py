@@ -73,6 +73,7 @@ WRITABLE: dict[str, frozenset[str]] = {
         "weight claims".split()
     ),
     "episode_citations": frozenset("episode_id transcript_id".split()),
+    "portraits": frozenset("created_at signature how lines".split()),
 }
 
 # Tables without an ``id`` (WITHOUT ROWID links): their key columns. Their

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime.config import JOB_NAMES
 from tests.reverie_process import start_runtime
 
 REVERIE = [sys.executable, "-m", "actors.cli"]
@@ -50,7 +51,7 @@ def test_jobs_json_shape(running: dict[str, str]) -> None:
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert set(report) == {"jobs", "idle"}
-    assert [j["name"] for j in report["jobs"]] == ["consolidate", "facts", "decay", "ok", "boom"]
+    assert [j["name"] for j in report["jobs"]] == [*JOB_NAMES, "ok", "boom"]
     for job in report["jobs"]:
         assert set(job) == {"name", "last_outcome", "last_run_at", "next_eligible_at"}
         assert job["last_outcome"] in ("ok", "failed", None)
@@ -96,6 +97,44 @@ def test_remind(running: dict[str, str]) -> None:
     assert "T08:00" in made.stdout
     past = reverie(running, "remind", "too late", "--at", "2001-01-01 10:00")
     assert past.returncode == 2 and "in the past" in past.stderr
+
+
+def test_remind_repeating_prompts_list_and_cancel(running: dict[str, str]) -> None:
+    bins = reverie(running, "remind", "take the bins out", "--at", "tuesday 19:00",
+                   "--every", "week", "--channel", "chat")
+    assert bins.returncode == 0, bins.stderr
+    assert bins.stdout.startswith("reminder ") and bins.stdout.rstrip().endswith(", every week")
+    assert "T19:00" in bins.stdout
+    ask = reverie(running, "remind", "summarise what is on the calendar today", "--at", "8:00",
+                  "--ask", "--every", "weekday")
+    assert ask.returncode == 0, ask.stderr
+    assert ask.stdout.startswith("prompt ") and "every weekday" in ask.stdout
+    bins_id, ask_id = (int(r.stdout.split()[1]) for r in (bins, ask))
+
+    listed = reverie(running, "remind", "--list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    lines = {r["id"]: r for r in json.loads(listed.stdout)["reminders"]}
+    assert (lines[bins_id]["kind"], lines[bins_id]["repeat"]) == ("say", "week")
+    assert (lines[ask_id]["kind"], lines[ask_id]["repeat"]) == ("ask", "weekday")
+    assert lines[ask_id]["text"] == "summarise what is on the calendar today"
+    assert lines[ask_id]["due_local"][11:16] == "08:00"
+    table = reverie(running, "remind", "--list")
+    assert table.returncode == 0 and table.stdout.split()[:6] == [
+        "id", "kind", "next", "repeat", "channel", "text"]
+    assert any(line.split()[:2] == [str(bins_id), "say"] and "week" in line.split()
+               for line in table.stdout.splitlines())
+
+    for rid in (bins_id, ask_id):
+        gone = reverie(running, "remind", "--cancel", str(rid))
+        assert gone.returncode == 0 and gone.stdout.strip() == f"reminder {rid} cancelled"
+    after = json.loads(reverie(running, "remind", "--list", "--json").stdout)["reminders"]
+    assert {bins_id, ask_id}.isdisjoint(r["id"] for r in after)
+    unknown = reverie(running, "remind", "--cancel", "999999")
+    assert unknown.returncode == 2 and "no reminder 999999" in unknown.stderr
+    for bad in (["--list", "some text"], ["no time"], ["x", "--at", "8:00", "--every", "monthly"],
+                ["x", "--at", "8:00", "--json"]):
+        wrong = reverie(running, "remind", *bad)
+        assert wrong.returncode == 2, (bad, wrong.stdout, wrong.stderr)
 
 
 def test_a_conversation_becomes_episodes_and_facts_through_the_cli(

@@ -30,7 +30,7 @@ from actors.messages import (
     Tick,
     UserTurn,
 )
-from runtime.config import CONFIG_DIR, Settings, load_settings
+from runtime.config import CONFIG_DIR, JOB_NAMES, Settings, load_settings
 from runtime.fact_kinds import FactKinds
 from runtime.job_state import get_state, set_state
 from runtime.store import Store
@@ -66,7 +66,7 @@ def runtime(ray_instance: str, tmp_path_factory: pytest.TempPathFactory,
         "jobs": {"check_every_s": DAY, "idle_after_s": WINDOW,
                  "extra": {**EXTRA, **ON_DEMAND},
                  "budget_s": BUDGET,
-                 "disabled": ["consolidate", "facts", "decay"]},
+                 "disabled": list(JOB_NAMES)},
     })
     sup = supervisor.start(settings)
     yield settings
@@ -222,10 +222,9 @@ def test_run_job_now_past_the_gate(runtime: Settings) -> None:
         store.close()
     with pytest.raises(BadRequest, match="unknown job 'nope'"):
         cron.run(RunJob(name="nope"))
-    with pytest.raises(BadRequest, match="later"):
-        cron.run(RunJob(name="patterns"))
-    with pytest.raises(BadRequest, match="unknown job 'consolidate'"):  # disabled here
-        cron.run(RunJob(name="consolidate"))
+    for name in ("consolidate", "patterns"):  # disabled here
+        with pytest.raises(BadRequest, match=f"unknown job '{name}'"):
+            cron.run(RunJob(name=name))
 
 
 def test_reminder_fires_once_when_due(runtime: Settings) -> None:
@@ -352,7 +351,7 @@ def test_the_background_loop_ticks_and_wakes_for_reminders(
         "embedder": {"cache_dir": str(model_cache)},
         "runtime": {"namespace": ns},
         "jobs": {"check_every_s": 0.3, "extra": {"ok": EXTRA["ok"]},
-                 "disabled": ["consolidate", "facts", "decay"]},
+                 "disabled": list(JOB_NAMES)},
     })
     owner: Any = ray.remote(TranscriptActor)
     transcript_actor = owner.options(name="transcript", namespace=ns, num_cpus=0

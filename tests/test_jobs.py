@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from actors import messages as m
 from runtime import jobs, reminders
 from runtime.clock import ManualClock
-from runtime.config import CONFIG_DIR, ConfigError, Settings
+from runtime.config import CONFIG_DIR, JOB_NAMES, ConfigError, Settings
 from runtime.fact_kinds import FactKinds
 from runtime.idle import idle_state
 from runtime.job_context import JobResult
@@ -31,13 +31,13 @@ def store(make_settings: Callable[..., Settings], clock: ManualClock) -> Iterato
     s.close()
 
 
-def test_registry_lists_the_three_jobs_then_extras(make_settings: Callable[..., Settings]
-                                                   ) -> None:
+def test_registry_lists_the_nine_jobs_then_extras(make_settings: Callable[..., Settings]
+                                                  ) -> None:
     settings = make_settings(jobs={"extra": {"ok": "tests.jobs_for_tests:ok"}})
-    assert list(jobs.registry(settings)) == ["consolidate", "facts", "decay", "ok"]
-    assert set(jobs.LATER) == {"patterns", "synthesis", "dmn", "sync", "geo", "research"}
+    assert list(jobs.registry(settings)) == [*JOB_NAMES, "ok"]  # in the design's order
+    assert jobs.LATER == ()
     off = make_settings(jobs={"disabled": ["decay"]})
-    assert list(jobs.registry(off)) == ["consolidate", "facts"]
+    assert list(jobs.registry(off)) == [n for n in JOB_NAMES if n != "decay"]
 
 
 @pytest.mark.parametrize("bad", [{"extra": {"facts": "x.y:z"}}, {"extra": {"Bad Name": "x:y"}},

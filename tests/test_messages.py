@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from actors import messages as m
 from runtime.episodes import EpisodeIn
 from runtime.facts import FactIn
+from runtime.portrait import PortraitIn, PortraitLine
 from runtime.transcript import Location, TurnIn
 
 ITEM = m.MemoryItem(ref="turn:3", kind="turn", item_id=3, text="[2024-01-01] user: hi",
@@ -61,6 +62,10 @@ SAMPLES: list[m.Message] = [
     m.EpisodeWritten(episode_id=7),
     m.AddFact(fact=FactIn(kind="place", subject="Ana", key="lives_in", value="Porto")),
     m.FactWritten(fact_id=2, action="supersede"),
+    m.AddPortrait(portrait=PortraitIn(lines=[PortraitLine(
+        section="people", text="Ana: Caroline's sister", refs=["fact:2", "episode:1"])],
+        signature="abc", how="offline")),
+    m.PortraitWritten(portrait_id=3),
     m.ChangeMemory(ref="turn:12", change="disable"),
     m.ChangeMemory(ref="episode:3", change="pin"),
     m.EditMemory(ref="fact:7", text="Ana lives in Lisbon now", writer="http"),
@@ -91,6 +96,17 @@ SAMPLES: list[m.Message] = [
     m.RunJob(name="decay", wait=True),
     m.Remind(text="bins", when="tomorrow 8:00", channel="chat"),
     m.Reminded(id=1, due_at=9.0, due_local="2026-11-30T08:00+00:00", channel="chat"),
+    m.Remind(text="what is on the calendar today?", when="tuesday 8:00", channel="voice",
+             kind="ask", every="weekday", now=3.0),
+    m.Reminded(id=2, due_at=9.0, due_local="2026-12-01T08:00+00:00", channel="voice",
+               kind="ask", repeat="weekday"),
+    m.Ticked(reminders=[1, 2], started=[], prompts=[2]),
+    m.ListReminders(),
+    m.ReminderList(reminders=[m.ReminderLine(
+        id=2, text="bins", channel="chat", kind="say", repeat="week", due_at=9.0,
+        due_local="2026-12-01T19:00+00:00", fired=3, last_outcome="said",
+        error="NoActor: no transcript actor")]),
+    m.CancelReminder(id=2),
     # the edge
     m.Presence(person="ana", state="home", at=6.0, place="kitchen", source="espresense",
                activity=True),

@@ -2,8 +2,8 @@
 # Install the system packages the test suite needs, only when they are missing.
 #
 # The host's services are never stopped, disabled or reconfigured: the tests
-# start their own mosquitto and gpsd on free ports and do not care whether the
-# host runs its own (a hub may well run Home Assistant's broker).
+# start their own mosquitto, gpsd and dovecot on free ports and do not care
+# whether the host runs its own (a hub may well run Home Assistant's broker).
 #
 # On Debian/Ubuntu, a package that is installed here for the first time would
 # normally start its service right away. To avoid that without changing the
@@ -13,14 +13,18 @@
 # installed, and only when the host has no policy-rc.d of its own; it is
 # removed when this script ends. The units stay enabled as Debian's packaging
 # leaves them, so they start at the next boot (mosquitto 2 and gpsd.socket
-# listen on loopback only by default); to keep them off for good, run
-# `sudo systemctl disable mosquitto.service gpsd.service gpsd.socket` yourself.
+# listen on loopback only by default; Debian's dovecot listens on the IMAP
+# ports of every interface, for the system's accounts); to keep them off
+# for good, run `sudo systemctl disable mosquitto.service gpsd.service
+# gpsd.socket dovecot.service` yourself.
 set -euo pipefail
 
 need=()
 command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ] || need+=(mosquitto)
 command -v gpsd >/dev/null 2>&1 || [ -x /usr/sbin/gpsd ] || need+=(gpsd)
 command -v gpsfake >/dev/null 2>&1 || need+=(gpsd-clients)
+# the sync job's IMAP tests run their own dovecot (the IMAP server of Debian)
+command -v dovecot >/dev/null 2>&1 || [ -x /usr/sbin/dovecot ] || need+=(dovecot-imapd)
 command -v g++ >/dev/null 2>&1 || need+=(g++)
 # the memory page's browser test (selenium drives Debian's headless Chromium)
 command -v chromium >/dev/null 2>&1 || need+=(chromium)
@@ -42,7 +46,7 @@ POLICY_MARK="# reverie install-system-deps.sh: temporary, removed when it ends"
 fresh_services=()
 for pkg in "${need[@]}"; do
   case "$pkg" in
-    mosquitto|gpsd)
+    mosquitto|gpsd|dovecot-imapd)
       status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
       [ "$status" = "install ok installed" ] || fresh_services+=("$pkg")
       ;;
