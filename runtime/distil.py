@@ -45,14 +45,21 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from runtime.clock import household_zone
 from runtime.emotion import LABELS, NEUTRAL, read_emotion
 from runtime.episodes import EpisodeIn
 from runtime.job_context import JobContext, JobResult
 from runtime.job_state import get_state, set_state
-from runtime.llm import AllProvidersFailed, ChatMessage, Completion, FallbackChain, LLMRequest
+from runtime.llm import (
+    AllProvidersFailed,
+    ChatMessage,
+    Completion,
+    FallbackChain,
+    LLMRequest,
+    parse_json_answer,
+)
 from runtime.llm_queue import PendingEntry, PendingQueue
 from runtime.profiles import MemoryProfiles
 
@@ -353,18 +360,7 @@ class InvalidOutput(Exception):
 def parse_output(text: str) -> DistilOut:
     """The model's answer as a :class:`DistilOut` (a code fence or prose around
     the object is tolerated); raises ValueError saying, without content, why not."""
-    start, end = text.find("{"), text.rfind("}")
-    if start < 0 or end <= start:
-        raise ValueError("no JSON object")
-    try:
-        data = json.loads(text[start:end + 1])
-    except ValueError:
-        raise ValueError("not valid JSON") from None
-    try:
-        return DistilOut.model_validate(data)
-    except ValidationError as exc:
-        fields = sorted({".".join(str(p) for p in e["loc"]) or "object" for e in exc.errors()})
-        raise ValueError("invalid " + ", ".join(fields)) from None
+    return parse_json_answer(text, DistilOut)
 
 
 class Distiller:

@@ -38,10 +38,10 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from enum import StrEnum
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runtime.config import ConfigError, LLMSettings, ProviderSettings
 
@@ -551,14 +551,9 @@ class FallbackChain:
                 pieces = _pieces(provider, request)
                 first = next(pieces, None)
             except LLMError as exc:
-                log.warning("llm provider %s failed (%s%s): %s", provider.name, exc.kind,
-                            f" {exc.status}" if exc.status else "", exc.detail)
-                errors.append(exc)
+                self._skipped(provider, exc, errors)
                 continue
-            if not getattr(provider, "last_resort", False):
-                self._succeeded()
-            elif errors:
-                self._failed(errors, answered_offline=True)
+            self._answered(provider, errors)
             if first is not None:
                 yield provider.name, first
             for piece in pieces:
@@ -573,17 +568,26 @@ class FallbackChain:
             try:
                 completion = provider.complete(request)
             except LLMError as exc:
-                log.warning("llm provider %s failed (%s%s): %s", provider.name, exc.kind,
-                            f" {exc.status}" if exc.status else "", exc.detail)
-                errors.append(exc)
+                self._skipped(provider, exc, errors)
                 continue
-            if not getattr(provider, "last_resort", False):
-                self._succeeded()
-            elif errors:
-                self._failed(errors, answered_offline=True)
+            self._answered(provider, errors)
             return completion
         self._failed(errors, answered_offline=False)
         raise AllProvidersFailed(self.name, errors)
+
+    def _skipped(self, provider: LLMProvider, exc: LLMError, errors: list[LLMError]) -> None:
+        """A provider failed: logged (content-free), kept, and the next one tried."""
+        log.warning("llm provider %s failed (%s%s): %s", provider.name, exc.kind,
+                    f" {exc.status}" if exc.status else "", exc.detail)
+        errors.append(exc)
+
+    def _answered(self, provider: LLMProvider, errors: list[LLMError]) -> None:
+        """``provider`` answered after ``errors``: a success, unless only the
+        last-resort provider did (after a real one failed)."""
+        if not getattr(provider, "last_resort", False):
+            self._succeeded()
+        elif errors:
+            self._failed(errors, answered_offline=True)
 
     def _succeeded(self) -> None:
         with self._lock:
@@ -622,6 +626,28 @@ def _pieces(provider: LLMProvider, request: LLMRequest) -> Iterator[str]:
     if stream is not None:
         return iter(stream(request))
     return iter([provider.complete(request).text])
+
+
+# --------------------------------------------------------------------------- answers
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_json_answer(text: str, model: type[M]) -> M:
+    """A model's JSON answer as ``model`` (a code fence or prose around the object
+    is tolerated); ValueError saying, without content, why not."""
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end <= start:
+        raise ValueError("no JSON object")
+    try:
+        data = json.loads(text[start:end + 1])
+    except ValueError:
+        raise ValueError("not valid JSON") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        fields = sorted({".".join(str(p) for p in e["loc"]) or "object" for e in exc.errors()})
+        raise ValueError("invalid " + ", ".join(fields[:8])) from None
 
 
 # --------------------------------------------------------------------------- factory

@@ -48,13 +48,20 @@ from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from runtime.clock import DAY, household_zone
 from runtime.extract_rules import SINGLE_RELATIONS, slug
 from runtime.job_context import JobContext, JobResult
 from runtime.job_state import get_state, set_state
-from runtime.llm import AllProvidersFailed, ChatMessage, Completion, FallbackChain, LLMRequest
+from runtime.llm import (
+    AllProvidersFailed,
+    ChatMessage,
+    Completion,
+    FallbackChain,
+    LLMRequest,
+    parse_json_answer,
+)
 from runtime.store import Row, Store
 
 log = logging.getLogger(__name__)
@@ -400,23 +407,6 @@ _RETRY = ("That answer was not a valid JSON object for the schema ({why}). Answe
           "with only the JSON object.")
 
 
-def parse_json(text: str, model: type[M]) -> M:
-    """The model's answer as ``model`` (a code fence or prose around the object
-    is tolerated); ValueError saying, without content, why not."""
-    start, end = text.find("{"), text.rfind("}")
-    if start < 0 or end <= start:
-        raise ValueError("no JSON object")
-    try:
-        data = json.loads(text[start:end + 1])
-    except ValueError:
-        raise ValueError("not valid JSON") from None
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        fields = sorted({".".join(str(p) for p in e["loc"]) or "object" for e in exc.errors()})
-        raise ValueError("invalid " + ", ".join(fields[:5])) from None
-
-
 def _offline_answer(llm: FallbackChain, completion: Completion) -> bool:
     provider = next((p for p in llm.providers if p.name == completion.provider), None)
     return provider is None or bool(getattr(provider, "last_resort", False))
@@ -441,7 +431,7 @@ def ask_json(llm: FallbackChain, system: str, evidence: str, model: type[M],
             log.warning("%s: language model unavailable; offline", what)
             return None
         try:
-            out = parse_json(completion.text, model)
+            out = parse_json_answer(completion.text, model)
             why = check(out)
         except ValueError as exc:
             why = str(exc)
