@@ -453,7 +453,8 @@ def _local(stamp: float | None, settings: Settings, none: str = "-") -> str:
 
 
 def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
-    """The jobs: last run, last outcome, next eligible time; and the idle gate."""
+    """The jobs: last run, last outcome, next eligible time, and under each job
+    its last run in words (what it did, or why it failed); and the idle gate."""
     from actors.messages import JobsStatus
 
     report = Remote(settings).cron.status(JobsStatus())
@@ -467,6 +468,8 @@ def cmd_jobs(args: argparse.Namespace, settings: Settings) -> int:
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(4)]
     for row in [head, *rows]:
         print("  ".join(str(v).ljust(w) for v, w in zip(row, widths)).rstrip())
+        if row[0] in report.details and row is not head:
+            print(f"    {report.details[row[0]]}")
     idle = report.idle
     if idle.idle:
         if idle.idle_since is None:

@@ -110,7 +110,6 @@ class _Pending:
     now: float | None  # the instant of the tick that queued it (None: the clock)
     done: threading.Event = field(default_factory=threading.Event)
     run: jobs.Run | None = None
-    detail: str = ""
 
 
 class CronActor:
@@ -384,7 +383,7 @@ class CronActor:
         if run is None:
             return JobRun(name=pending.name)
         return JobRun(name=run.job, run_id=run.id, outcome=run.outcome,  # type: ignore[arg-type]
-                      items=run.items, error=run.error, detail=pending.detail)
+                      items=run.items, error=run.error, detail=run.detail or "")
 
     def _serve(self) -> None:
         """The one thread that runs jobs, one at a time, in queue order."""
@@ -419,10 +418,9 @@ class CronActor:
                 pending.run = jobs.end_run(self.store, run_id, self._now(pending.now), error=exc)
             metrics.job_run(pending.name, "failed")
             return
-        log.info("job %s done: %d items %s", pending.name, result.items, result.detail)
-        pending.detail = result.detail
         with self._lock:
             pending.run = jobs.end_run(self.store, run_id, self._now(pending.now), result=result)
+        log.info("job %s done: %d items %s", pending.name, result.items, pending.run.detail or "")
         metrics.job_run(pending.name, "ok")
 
     def _execute(self, name: str, target: str, run_id: int, now: float | None) -> JobResult:
@@ -446,14 +444,17 @@ class CronActor:
     def status(self, msg: JobsStatus | None = None) -> JobsReport:
         msg = accept(JobsStatus, msg if msg is not None else JobsStatus())
         now = self._now(msg.now)
+        names = list(self.jobs)
         with self._lock:
             gate = self._gate(now)
-            lines = jobs.status(self.store, list(self.jobs), gate, self.every)
+            runs = jobs.last_runs(self.store)
+            lines = jobs.status(self.store, names, gate, self.every, runs)
             last = jobs.load_activity(self.store)
             presence = jobs.load_presence(self.store)
         idle = IdleInfo(**gate.as_dict(), last_activity=last,  # type: ignore[arg-type]
                         presence={p: v.state for p, v in presence.items()}, now=now)
-        return JobsReport(jobs=[JobLine(**line) for line in lines], idle=idle)
+        return JobsReport(jobs=[JobLine(**line) for line in lines], idle=idle,
+                          details=jobs.last_details(runs, names))
 
     def stop(self) -> None:
         """End the background threads (a run in progress ends with its actor)."""

@@ -6,8 +6,12 @@ once and kills it when the result is back: no long-lived job actors (each
 worker costs about 62 MiB PSS). The actor builds the job's
 ``runtime.job_context.JobContext``: its own Store connection (reads), a
 :class:`actors.remote_writer.RemoteWriter` (writes go to the owner actors), the
-configured language models, and the clock: the system's, or fixed at the
-tick's ``now`` when the tick named one (tests and simulations jump time).
+configured language models, the Embedder actor's model (a
+:class:`actors.embedder.RemoteEmbedder`: a job that embeds, research, loads no
+ONNX session of its own; when the Embedder actor cannot be reached the context
+has none and such a job loads its own), and the clock: the system's, or fixed
+at the tick's ``now`` when the tick named one (tests and simulations jump
+time). When the run ends, the process's peak resident memory is logged (debug).
 """
 
 from __future__ import annotations
@@ -15,15 +19,41 @@ from __future__ import annotations
 import logging
 
 from actors.common import open_store, setup_logging
+from actors.embedder import RemoteEmbedder
+from actors.handles import EmbedderClient
 from actors.remote_writer import RemoteWriter
 from runtime.clock import Clock, ManualClock, SystemClock
 from runtime.config import Settings
+from runtime.embedder import Embedder
 from runtime.job_context import JobContext, JobResult
 from runtime.jobs import resolve
 from runtime.llm import make_llm
 from runtime.llm_queue import LLMHealth
 
 log = logging.getLogger(__name__)
+
+
+def shared_embedder(settings: Settings) -> Embedder | None:
+    """The Embedder actor's model, or None when that actor cannot be reached."""
+    try:
+        return RemoteEmbedder(EmbedderClient(settings.runtime.namespace),
+                              batch=settings.embedder.batch_size)
+    except Exception as exc:  # no Embedder actor (a Cron alone, in tests), or gone
+        log.warning("the Embedder actor is not reachable (%s): a job that embeds "
+                    "loads its own model", type(exc).__name__)
+        return None
+
+
+def peak_rss_kib() -> int | None:
+    """This process's peak resident set (``VmHWM``), in KiB; None off Linux."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 class JobActor:
@@ -41,11 +71,13 @@ class JobActor:
             ctx = JobContext(store=store, writer=RemoteWriter(self.settings.runtime.namespace),
                              llm=make_llm(self.settings.llm, LLMHealth(
                                  self.settings.store.resolved_dir, clock)), clock=clock,
-                             settings=self.settings, budget_s=self.settings.jobs.budget_s)
+                             settings=self.settings, budget_s=self.settings.jobs.budget_s,
+                             embedder=shared_embedder(self.settings))
             log.info("job %s starts", name)
             return fn(ctx)
         finally:
             store.close()
+            log.debug("job %s: peak RSS %s KiB", name, peak_rss_kib())
 
     def ping(self) -> str:
         return "ok"

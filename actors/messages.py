@@ -507,6 +507,10 @@ class IdleInfo(BaseModel):
 class JobsReport(Message):
     jobs: list[JobLine]
     idle: IdleInfo
+    # each job's last run in words, by name: an ok run's detail line, a failed
+    # run's error (``runtime.jobs.last_details``). For the text of ``reverie
+    # jobs`` only: ``jobs --json`` keeps its fixed shape (``jobs`` and ``idle``).
+    details: dict[str, str] = Field(default_factory=dict)
 
 
 class RunJob(Message):

@@ -4,7 +4,10 @@ A job is a plain function ``JobFn = Callable[[JobContext], JobResult]`` in
 ``runtime/``, testable without Ray. It reads memory straight from the store
 (its own connection) and writes only through ``ctx.writer``: in the actor
 runtime the writer forwards to the actors that own each table (Episodes,
-Graph, Transcript), in-process it is :class:`runtime.memory.Memory`. A job is
+Graph, Transcript), in-process it is :class:`runtime.memory.Memory`. A job
+that embeds text uses ``ctx.embedder``: in the actor runtime the Embedder
+actor's model (:class:`actors.embedder.RemoteEmbedder`), in-process the
+memory's own; only when it is None does a job load a model of its own. A job is
 idempotent and resumable: it commits batch by batch, stops when
 ``ctx.out_of_time()`` says so, and picks up where it left off on the next run.
 """
@@ -18,6 +21,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from runtime.clock import Clock
 from runtime.config import Settings
+from runtime.embedder import Embedder
 from runtime.episodes import EpisodeIn
 from runtime.facts import FactIn, Resolution
 from runtime.llm import FallbackChain
@@ -62,6 +66,7 @@ class JobContext:
     clock: Clock  # the household's injected clock: every timestamp comes from it
     settings: Settings
     budget_s: float = 600.0  # wall-clock time budget of one run
+    embedder: Embedder | None = None  # the shared model; None: a job loads its own
     started: float = field(default_factory=time.monotonic)
 
     def out_of_time(self) -> bool:

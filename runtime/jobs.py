@@ -7,7 +7,10 @@ settings may add jobs (``jobs.extra``), run after the built-in ones.
 
 Every run is a ``job_runs`` row (migration 0008): inserted when it starts,
 completed with its outcome, the items it did and, for a failure, the
-exception's type and a short message (never memory content). ``job_runs`` is
+exception's type and a short message (never memory content); for a success,
+the result's detail line (migration 0014: one line of at most
+:data:`MAX_DETAIL` characters; by the ``JobResult`` contract, counts and
+reasons, never memory content), which ``reverie jobs`` shows. ``job_runs`` is
 the durable "last fired": a job is eligible again ``check_every_s`` after its
 last run started, and, for idle-gated runs, not before the idle gate opens
 (``runtime.idle``). A run left without an outcome by a crash is closed as
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -48,6 +52,7 @@ JOBS: dict[str, str] = {
 #: Known job names that come later ("The subconscious II"): not listed, not run.
 LATER = tuple(name for name in JOB_NAMES if name not in JOBS)
 MAX_ERROR = 300
+MAX_DETAIL = 1000
 
 
 class UnknownJob(ValueError):
@@ -80,6 +85,17 @@ def error_text(exc: BaseException) -> str:
     return text[:MAX_ERROR]
 
 
+def detail_text(detail: str) -> str | None:
+    """A result's detail as it is recorded: one line (control characters and
+    runs of whitespace become one space), cut at :data:`MAX_DETAIL` characters
+    with an ellipsis; None when empty."""
+    line = " ".join("".join(" " if unicodedata.category(ch)[0] == "C" else ch
+                            for ch in detail).split())
+    if len(line) > MAX_DETAIL:
+        line = line[:MAX_DETAIL - 1].rstrip() + "…"
+    return line or None
+
+
 # -- the record of runs ----------------------------------------------------
 
 
@@ -92,12 +108,13 @@ class Run:
     outcome: str | None  # "ok", "failed", None while running
     items: int
     error: str | None
+    detail: str | None = None  # the result's line (ok runs)
 
     @classmethod
     def of(cls, row: Row) -> Run:
         return cls(id=row["id"], job=row["job"], started_at=row["started_at"],
                    ended_at=row["ended_at"], outcome=row["outcome"], items=row["items"],
-                   error=row["error"])
+                   error=row["error"], detail=row["detail"])
 
 
 def start_run(store: Store, job: str, now: float) -> int:
@@ -112,14 +129,15 @@ def end_run(store: Store, run_id: int, now: float, result: JobResult | None = No
     if (result is None) == (error is None):
         raise ValueError("a run ends with a result or an error")
     if result is not None:
-        values: tuple[Any, ...] = (now, "ok", int(result.items), None)
+        values: tuple[Any, ...] = (now, "ok", int(result.items), None,
+                                   detail_text(str(result.detail)))
     else:
         text = error if isinstance(error, str) else error_text(cast(BaseException, error))
-        values = (now, "failed", 0, text[:MAX_ERROR])
+        values = (now, "failed", 0, text[:MAX_ERROR], None)
     with store.write_transaction():
         store.conn.execute(
-            "UPDATE job_runs SET ended_at = ?, outcome = ?, items = ?, error = ? WHERE id = ?",
-            (*values, run_id))
+            "UPDATE job_runs SET ended_at = ?, outcome = ?, items = ?, error = ?, detail = ?"
+            " WHERE id = ?", (*values, run_id))
     row = store.row("SELECT * FROM job_runs WHERE id = ?", (run_id,))
     assert row is not None
     return Run.of(row)
@@ -170,10 +188,11 @@ def due_jobs(store: Store, names: list[str], gate: IdleState, now: float,
     return out
 
 
-def status(store: Store, names: list[str], gate: IdleState,
-           check_every_s: float) -> list[dict[str, Any]]:
-    """One line per job for ``reverie jobs``."""
-    last = last_runs(store)
+def status(store: Store, names: list[str], gate: IdleState, check_every_s: float,
+           last: dict[str, Run] | None = None) -> list[dict[str, Any]]:
+    """One line per job for ``reverie jobs`` (``last``: :func:`last_runs`, read
+    now when not given)."""
+    last = last_runs(store) if last is None else last
     out = []
     for name in names:
         run = last.get(name)
@@ -183,6 +202,18 @@ def status(store: Store, names: list[str], gate: IdleState,
             "last_run_at": None if run is None else run.started_at,
             "next_eligible_at": next_eligible_at(run, gate, check_every_s),
         })
+    return out
+
+
+def last_details(last: dict[str, Run], names: list[str]) -> dict[str, str]:
+    """Each job's last run in words, for the text of ``reverie jobs``: an ok
+    run's detail, a failed run's error (jobs without either are left out)."""
+    out = {}
+    for name in names:
+        run = last.get(name)
+        text = None if run is None else run.error if run.outcome == "failed" else run.detail
+        if text:
+            out[name] = text
     return out
 
 

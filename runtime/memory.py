@@ -4,7 +4,9 @@
 directory, in one process: the SQLite store, the transcript, episodes, the
 fact graph, the embedder, the vector indexes and recall. The actor runtime
 (``actors/``) holds the same services one per actor; benchmarks, importers and
-tests use :class:`Memory` directly.
+tests use :class:`Memory` directly, and run background jobs on it with
+:meth:`Memory.job_context` (the memory is the jobs' writer and lends them its
+embedder).
 
 Writes commit their rows first, then :class:`runtime.indexing.Indexer`
 embeds and indexes what is new. A crash in between loses nothing: the rows
@@ -26,6 +28,8 @@ from runtime.episodes import EpisodeIn, EpisodeService
 from runtime.fact_kinds import FactKinds
 from runtime.facts import FactIn, GraphService, Resolution
 from runtime.indexing import Indexer, Progress
+from runtime.job_context import JobContext
+from runtime.llm import FallbackChain, make_llm
 from runtime.portrait import PortraitIn, PortraitService
 from runtime.profiles import MemoryProfiles
 from runtime.recall import Recaller, RecallResult
@@ -85,6 +89,19 @@ class Memory:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    def job_context(self, llm: FallbackChain | None = None, settings: Settings | None = None,
+                    budget_s: float | None = None) -> JobContext:
+        """A background job's context in this process: this memory's store (reads),
+        itself as the writer, this memory's embedder (a job that embeds loads no
+        model of its own), its clock; ``llm`` (default: the configured chain),
+        ``settings`` (default: this memory's) and ``budget_s`` (default:
+        ``jobs.budget_s``) as given."""
+        settings = settings or self.settings
+        return JobContext(store=self.store, writer=self, llm=llm or make_llm(settings.llm),
+                          clock=self.clock, settings=settings,
+                          budget_s=settings.jobs.budget_s if budget_s is None else budget_s,
+                          embedder=self.embedder)
 
     # -- writes -----------------------------------------------------------
 

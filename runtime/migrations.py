@@ -591,6 +591,16 @@ MIGRATIONS: list[tuple[str, str]] = [
             WHERE fired_at IS NULL AND cancelled_at IS NULL;
         """,
     ),
+    (
+        "0014_job_run_details",
+        """
+        -- A run's result line (runtime.job_context.JobResult.detail: what it did, by
+        -- count and reason, e.g. sync's skipped items per connector), shown by
+        -- `reverie jobs`. One line, bounded (runtime.jobs.MAX_DETAIL); never memory
+        -- content. NULL: a failed run, a run from before this column, or no detail.
+        ALTER TABLE job_runs ADD COLUMN detail TEXT;
+        """,
+    ),
 ]
 
 

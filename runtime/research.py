@@ -85,11 +85,11 @@ changed but GUID did not is not stored again, and a discovery the user
 forgot does not come back. The value holds the title, the link and a short
 excerpt: ``«Title» from Feed name, https://... «Excerpt».``
 
-**The embedder.** ``ctx.embedder`` when the job context carries one (the
-actor runtime could hand over the Embedder actor's), else the one a test
-gives :class:`ResearchJob`, else one built from ``settings.embedder`` in the
-job's own process (loaded only when there is something new to score: a run
-of 304s loads no model).
+**The embedder.** ``ctx.embedder`` when the job context carries one (in the
+actor runtime, the Embedder actor's: the job actor loads no model), else the
+one a test gives :class:`ResearchJob`, else one built from
+``settings.embedder`` in the job's own process (loaded only when there is
+something new to score: a run of 304s loads no model).
 """
 
 from __future__ import annotations
@@ -667,10 +667,11 @@ class ResearchJob:
         self.embedder = embedder
 
     def _embedder(self, ctx: JobContext) -> Embedder:
-        given = getattr(ctx, "embedder", None)
-        if isinstance(given, Embedder):
-            return given
+        if ctx.embedder is not None:
+            return ctx.embedder
         if self.embedder is None:
+            log.info("research: no embedder in the job context; loading %s",
+                     ctx.settings.embedder.kind)
             self.embedder = make_embedder(ctx.settings.embedder)
         return self.embedder
 

@@ -1,5 +1,6 @@
 """``reverie jobs``, ``jobs run``, ``presence`` and ``remind`` against a running runtime
-(``reverie run`` joined to the test session's Ray)."""
+(``reverie run`` joined to the test session's Ray); a conversation imported
+through ``reverie import``, and every job run on it."""
 
 from __future__ import annotations
 
@@ -8,12 +9,18 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from itertools import pairwise
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from actors.embedder import RemoteEmbedder
+from actors.messages import Embed, Embedded
+from runtime import jobs
 from runtime.config import JOB_NAMES
+from runtime.job_context import JobContext, JobResult
 from tests.reverie_process import start_runtime
 
 REVERIE = [sys.executable, "-m", "actors.cli"]
@@ -27,14 +34,35 @@ def reverie(env: dict[str, str], *args: str, timeout: float = 300
                           timeout=timeout, cwd=ROOT)
 
 
+def embeds(ctx: JobContext) -> JobResult:
+    """A job (``jobs.extra``) that embeds with its context's embedder and says which."""
+    if ctx.embedder is None:
+        raise RuntimeError("no embedder in the job context")
+    vecs = ctx.embedder.embed(["the bees swarmed", "honey harvest", "a new hive", "pollen"])
+    return JobResult(items=len(vecs), detail=f"{type(ctx.embedder).__name__} "
+                                             f"{ctx.embedder.name} {vecs.shape[1]}")
+
+
+def details_under(table: str) -> dict[str, str]:
+    """``reverie jobs``' text: each job's indented line under its row, by job name."""
+    out: dict[str, str] = {}
+    lines = table.splitlines()
+    for row, under in pairwise(lines[1:]):
+        if row and not row.startswith(" ") and under.startswith("    "):
+            out[row.split()[0]] = under.strip()
+    return out
+
+
 @pytest.fixture(scope="module")
 def running(ray_instance: str, tmp_path_factory: pytest.TempPathFactory,
             model_cache: Path) -> Iterator[dict[str, str]]:
     data = tmp_path_factory.mktemp("cli-jobs-data")
     config = data / "reverie.toml"
-    # the real jobs are listed; two test jobs are added for the exit codes
+    # the real jobs are listed; two test jobs are added for the exit codes, one
+    # that tells the embedder its context holds
     config.write_text('[jobs]\nextra = { ok = "tests.jobs_for_tests:ok", '
-                      'boom = "tests.jobs_for_tests:boom" }\n')
+                      'boom = "tests.jobs_for_tests:boom", '
+                      'embeds = "tests.test_cli_jobs:embeds" }\n')
     env = {**os.environ, "REVERIE_DATA_DIR": str(data), "REVERIE_CONFIG": str(config),
            "REVERIE_RUNTIME__NAMESPACE": NS, "REVERIE_EMBEDDER__CACHE_DIR": str(model_cache),
            "REVERIE_PERSONA__GLOBAL_DIR": str(data / "persona"),
@@ -51,7 +79,7 @@ def test_jobs_json_shape(running: dict[str, str]) -> None:
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert set(report) == {"jobs", "idle"}
-    assert [j["name"] for j in report["jobs"]] == [*JOB_NAMES, "ok", "boom"]
+    assert [j["name"] for j in report["jobs"]] == [*JOB_NAMES, "ok", "boom", "embeds"]
     for job in report["jobs"]:
         assert set(job) == {"name", "last_outcome", "last_run_at", "next_eligible_at"}
         assert job["last_outcome"] in ("ok", "failed", None)
@@ -73,6 +101,13 @@ def test_jobs_run_wait_exit_codes(running: dict[str, str]) -> None:
     report = json.loads(reverie(running, "jobs", "--json").stdout)
     outcomes = {j["name"]: j["last_outcome"] for j in report["jobs"]}
     assert outcomes["ok"] == "ok" and outcomes["boom"] == "failed"
+    # the text shows each last run in words: what it did, or why it failed
+    table = reverie(running, "jobs")
+    assert table.returncode == 0, table.stderr
+    under = details_under(table.stdout)
+    assert under["ok"] == ok.stdout.split(" items (", 1)[1].strip()[:-1]
+    assert under["ok"].startswith("run ")
+    assert under["boom"] == "RuntimeError: boom: this job always fails"
     started = reverie(running, "jobs", "run", "ok")
     assert started.returncode == 0 and "started" in started.stdout
 
@@ -137,17 +172,26 @@ def test_remind_repeating_prompts_list_and_cancel(running: dict[str, str]) -> No
         assert wrong.returncode == 2, (bad, wrong.stdout, wrong.stderr)
 
 
-def test_a_conversation_becomes_episodes_and_facts_through_the_cli(
-        running: dict[str, str], tmp_path: Path) -> None:
-    """Import a two-person conversation of a few hundred turns, run the jobs, and
-    find the layers in status and recall (the Done-when of the subconscious)."""
+@pytest.fixture(scope="module")
+def conversation(running: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+                 ) -> dict[str, int]:
+    """A two-person conversation of a few hundred turns (``tests/conversation.py``),
+    imported once through ``reverie import``; answers the counts from before."""
     from tests.conversation import write_jsonl
 
-    history = tmp_path / "history.jsonl"
+    history = tmp_path_factory.mktemp("conversation") / "history.jsonl"
     assert write_jsonl(history) >= 200
-    before = json.loads(reverie(running, "status", "--json").stdout)["counts"]
+    before: dict[str, int] = json.loads(reverie(running, "status", "--json").stdout)["counts"]
     imported = reverie(running, "import", str(history))
     assert imported.returncode == 0, imported.stderr
+    return before
+
+
+def test_a_conversation_becomes_episodes_and_facts_through_the_cli(
+        running: dict[str, str], conversation: dict[str, int]) -> None:
+    """Import a two-person conversation of a few hundred turns, run the jobs, and
+    find the layers in status and recall (the Done-when of the subconscious)."""
+    before = conversation
     consolidated = reverie(running, "jobs", "run", "consolidate", "--wait")
     assert consolidated.returncode == 0, consolidated.stdout + consolidated.stderr
     extracted = reverie(running, "jobs", "run", "facts", "--wait")
@@ -163,3 +207,74 @@ def test_a_conversation_becomes_episodes_and_facts_through_the_cli(
     assert any("York" in text for text in facts), facts
     jobs = {j["name"]: j for j in json.loads(reverie(running, "jobs", "--json").stdout)["jobs"]}
     assert jobs["consolidate"]["last_outcome"] == "ok" and jobs["facts"]["last_outcome"] == "ok"
+
+
+def test_every_job_ends_ok_on_an_imported_conversation(
+        running: dict[str, str], conversation: dict[str, int]) -> None:
+    """The Done-when of "The subconscious II": with a real conversation imported
+    and no language model configured, ``jobs run NAME --wait`` succeeds for each
+    of the nine jobs (those with nothing to do too: no connectors, no feeds), and
+    ``jobs --json`` shows each ok. The text of ``reverie jobs`` shows under each
+    job the detail line its run recorded."""
+    assert list(jobs.JOBS) == list(JOB_NAMES)
+    said: dict[str, str] = {}
+    for name in JOB_NAMES:
+        done = reverie(running, "jobs", "run", name, "--wait")
+        assert done.returncode == 0, (name, done.stdout, done.stderr)
+        assert done.stdout.startswith(f"{name}: ok, ") and " items (" in done.stdout, done.stdout
+        said[name] = done.stdout.split(" items (", 1)[1].strip()[:-1]
+    report = json.loads(reverie(running, "jobs", "--json").stdout)
+    outcomes = {j["name"]: j["last_outcome"] for j in report["jobs"]}
+    assert {name: outcomes[name] for name in JOB_NAMES} == dict.fromkeys(JOB_NAMES, "ok")
+    table = reverie(running, "jobs")
+    assert table.returncode == 0, table.stderr
+    under = details_under(table.stdout)
+    assert {name: under.get(name) for name in JOB_NAMES} == said
+    assert said["sync"] == "no connectors configured"
+    assert said["research"] == "no feeds configured"
+
+
+def test_a_job_embeds_with_the_embedder_actor(running: dict[str, str]) -> None:
+    """The job actor hands its job the Embedder actor's model: no ONNX session of
+    its own."""
+    done = reverie(running, "jobs", "run", "embeds", "--wait")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == ("embeds: ok, 4 items "
+                                   "(RemoteEmbedder all-MiniLM-L6-v2/fp32 384)")
+
+
+# -- parts --------------------------------------------------------------------
+
+
+class FakeEmbedderClient:
+    """An Embedder actor's client in this process: counts the calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def info(self) -> tuple[str, int]:
+        return "fake", 2
+
+    def embed(self, msg: Embed) -> Embedded:
+        self.calls.append(len(msg.texts))
+        return Embedded.of("fake", np.array([[len(t), 1.0] for t in msg.texts],
+                                            dtype=np.float32))
+
+
+def test_the_remote_embedder_sends_bounded_calls() -> None:
+    client = FakeEmbedderClient()
+    remote = RemoteEmbedder(client, batch=2)  # type: ignore[arg-type]
+    texts: Sequence[str] = ["a", "bb", "ccc", "dddd", "eeeee"]
+    vecs = remote.embed(texts)
+    assert client.calls == [2, 2, 1]
+    assert vecs[:, 0].tolist() == [1, 2, 3, 4, 5] and vecs.shape == (5, 2)
+    assert remote.embed([]).shape == (0, 2) and client.calls == [2, 2, 1]
+    assert RemoteEmbedder(client, batch=10**6).batch == 1000  # type: ignore[arg-type]
+
+
+def test_a_detail_is_recorded_on_one_bounded_line() -> None:
+    assert jobs.detail_text("3 written,\n\tskipped  bad-event 1\x1b[2J") == \
+        "3 written, skipped bad-event 1 [2J"
+    long = jobs.detail_text("x " * 5000)
+    assert long is not None and len(long) == jobs.MAX_DETAIL and long.endswith("…")
+    assert jobs.detail_text(" \n ") is None

@@ -18,10 +18,11 @@ import json
 import re
 import socket
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pytest
 
 from runtime import jobs
@@ -529,6 +530,42 @@ def test_the_registered_job_runs_with_the_configured_embedder(
 
     run = jobs.run_job(memory.store, "research", jobs.JOBS["research"], clock.now(), execute)
     assert run.outcome == "ok" and run.items == len(RELEVANT)
+
+
+class CountingEmbedder:
+    """An embedder that counts the texts it was given (and embeds them with ``inner``)."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+        self.name, self.dim = inner.name, inner.dim
+        self.texts = 0
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        self.texts += len(texts)
+        return self.inner.embed(texts)
+
+
+def test_the_job_context_embedder_is_used_and_no_model_is_loaded(
+        memory: Memory, clock: ManualClock, embedder: Embedder, feeds: FeedServer,
+        settings_for: Callable[..., Settings], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job as the runner calls it, with the context the in-process path
+    builds (:meth:`Memory.job_context`: the memory's embedder): the job scores
+    with that one and loads no model of its own."""
+    import runtime.research
+
+    def no_model(*args: Any) -> Embedder:
+        raise AssertionError("the research job loaded a model of its own")
+
+    monkeypatch.setattr(runtime.research, "make_embedder", no_model)
+    settings = settings_for(GOOD, feeds)
+    household(memory, clock)
+    ctx = memory.job_context(llm=FallbackChain([OfflineProvider()]), settings=settings)
+    assert ctx.embedder is memory.embedder and ctx.writer is memory
+    counting = CountingEmbedder(embedder)
+    ctx.embedder = counting
+    result = jobs.resolve(jobs.JOBS["research"])(ctx)
+    assert result.items == len(RELEVANT)
+    assert counting.texts > len(RELEVANT)  # the interests and every new item
 
 
 # -- parts --------------------------------------------------------------------
