@@ -76,9 +76,9 @@ Usage:
    the upstream's first token to the client's.
 
 Its entry point ``tools/bench/http.py`` is named like the standard library's
-``http`` package; this file keeps its own directory off ``sys.path`` (and so off Ray's workers' path) and works from the
-repository root whatever the current directory was. Every figure is printed,
-nothing is asserted. The machine's load average
+``http`` package; this file keeps its own directory off ``sys.path`` (and so
+off Ray's workers' path) and works from the repository root whatever the
+current directory was. Every figure is printed, nothing is asserted. The machine's load average
 before and after is in the JSON: other work on the machine skews the figures.
 """
 
