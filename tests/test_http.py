@@ -14,14 +14,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+import http_runtime
 import openai
 import pytest
 
-from actors import supervisor
-from actors.handles import HttpClient, TranscriptClient
+from actors.handles import TranscriptClient
 from actors.http_app import load_or_create_token, token_path
 from actors.messages import RecentTurns
-from runtime.config import Settings
 
 NS = "test-http"
 MAX_BODY = 4096
@@ -81,12 +80,7 @@ class Client:
         return self.request("DELETE", path, **kw)
 
 
-@dataclass
-class Api:
-    settings: Settings
-    base: str
-    token: str
-
+class Api(http_runtime.Api):
     def client(self, token: str | None = None) -> Client:
         headers = {} if token == "" else {"Authorization": f"Bearer {token or self.token}"}
         return Client(self.base, headers)
@@ -95,20 +89,10 @@ class Api:
 @pytest.fixture(scope="module")
 def api(ray_instance: str, tmp_path_factory: pytest.TempPathFactory,
         model_cache: Path) -> Iterator[Api]:
-    from runtime.config import load_settings
-
-    data = tmp_path_factory.mktemp("http-data")
-    settings = load_settings(env={}, overrides={
-        "store": {"data_dir": str(data)}, "embedder": {"cache_dir": str(model_cache)},
-        "runtime": {"namespace": NS}, "persona": {"global_dir": str(data / "persona")},
-        "http": {"port": 0, "max_body_bytes": MAX_BODY, "models": {"assistant": "offline"}},
-    })
-    sup = supervisor.start(settings)
-    try:
-        base = HttpClient(NS).address()
-        yield Api(settings, base, token_path(settings).read_text().strip())
-    finally:
-        sup.stop()
+    with http_runtime.http_runtime(
+            NS, tmp_path_factory.mktemp("http-data"), model_cache,
+            http={"max_body_bytes": MAX_BODY, "models": {"assistant": "offline"}}) as started:
+        yield Api(started.settings, started.base, started.token)
 
 
 transcript = TranscriptClient(NS)

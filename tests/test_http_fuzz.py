@@ -62,13 +62,10 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 import schemathesis
+from http_runtime import Api, http_runtime
 from hypothesis import strategies as st
 from schemathesis import engine
 from schemathesis.engine import events
-
-from actors import supervisor
-from actors.handles import HttpClient
-from actors.http_app import token_path
 
 NS = "test-http-fuzz"
 SEED = 20_260_301
@@ -90,29 +87,12 @@ KNOWN_MISMATCHES: dict[tuple[str, int, str], str] = {}
 KNOWN_UNFUZZABLE: dict[str, str] = {}
 
 
-@dataclass
-class Api:
-    base: str
-    token: str
-
-
 @pytest.fixture(scope="module")
 def api(ray_instance: str, tmp_path_factory: pytest.TempPathFactory,
         model_cache: Path) -> Iterator[Api]:
-    from runtime.config import load_settings
-
-    data = tmp_path_factory.mktemp("http-fuzz-data")
-    settings = load_settings(env={}, overrides={
-        "store": {"data_dir": str(data)}, "embedder": {"cache_dir": str(model_cache)},
-        "runtime": {"namespace": NS}, "persona": {"global_dir": str(data / "persona")},
-        "http": {"port": 0, "models": {"assistant": "offline"}},
-    })
-    sup = supervisor.start(settings)
-    try:
-        base = HttpClient(NS).address()
-        yield Api(base, token_path(settings).read_text().strip())
-    finally:
-        sup.stop()
+    with http_runtime(NS, tmp_path_factory.mktemp("http-fuzz-data"), model_cache,
+                      http={"models": {"assistant": "offline"}}) as started:
+        yield started
 
 
 # -- schemathesis: configuration, steering, the run ------------------------------------

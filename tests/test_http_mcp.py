@@ -16,7 +16,6 @@ import threading
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -26,14 +25,13 @@ from zoneinfo import ZoneInfo
 import anyio
 import httpx2
 import pytest
+from http_runtime import Api, http_runtime
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, TextContent
 
-from actors import http_mcp, supervisor
+from actors import http_mcp
 from actors.common import actors_for
-from actors.handles import HttpClient
-from actors.http_app import token_path
 from actors.http_mcp import TOOL_NAMES, Tools, build_server, parse_instant
 from actors.messages import (
     MemoryPage,
@@ -45,7 +43,7 @@ from actors.messages import (
     UserTurn,
 )
 from runtime.clock import household_zone
-from runtime.config import Settings, load_settings
+from runtime.config import load_settings
 from tests.waiting import wait_for
 
 NS = "test-http-mcp"
@@ -55,28 +53,12 @@ INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
                          "clientInfo": {"name": "plain-http", "version": "1"}}}
 
 
-@dataclass
-class Api:
-    settings: Settings
-    base: str
-    token: str
-
-
 @pytest.fixture(scope="module")
 def api(ray_instance: str, tmp_path_factory: pytest.TempPathFactory,
         model_cache: Path) -> Iterator[Api]:
-    data = tmp_path_factory.mktemp("http-mcp-data")
-    settings = load_settings(env={}, overrides={
-        "store": {"data_dir": str(data)}, "embedder": {"cache_dir": str(model_cache)},
-        "runtime": {"namespace": NS}, "persona": {"global_dir": str(data / "persona")},
-        "http": {"port": 0, "models": {"assistant": "offline"}},
-    })
-    sup = supervisor.start(settings)
-    try:
-        base = HttpClient(NS).address()
-        yield Api(settings, base, token_path(settings).read_text().strip())
-    finally:
-        sup.stop()
+    with http_runtime(NS, tmp_path_factory.mktemp("http-mcp-data"), model_cache,
+                      http={"models": {"assistant": "offline"}}) as api:
+        yield api
 
 
 def post(api: Api, path: str, body: Any,

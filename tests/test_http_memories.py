@@ -16,13 +16,11 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 from zoneinfo import ZoneInfo
 
+import http_runtime
 import pytest
 
-from actors import supervisor
-from actors.handles import EpisodesClient, HttpClient, TranscriptClient
-from actors.http_app import token_path
+from actors.handles import EpisodesClient, TranscriptClient
 from actors.messages import AddEpisode, AppendTurns
-from runtime.config import Settings
 from runtime.episodes import EpisodeIn
 from runtime.transcript import TurnIn
 
@@ -73,12 +71,7 @@ class Client:
         return self.request("PATCH", path, body)
 
 
-@dataclass
-class Api:
-    settings: Settings
-    base: str
-    token: str
-
+class Api(http_runtime.Api):
     def client(self, token: str | None = "") -> Client:
         return Client(self.base, self.token if token == "" else token)
 
@@ -86,21 +79,10 @@ class Api:
 @pytest.fixture(scope="module")
 def api(ray_instance: str, tmp_path_factory: pytest.TempPathFactory,
         model_cache: Path) -> Iterator[Api]:
-    from runtime.config import load_settings
-
-    data = tmp_path_factory.mktemp("http-mem-data")
-    settings = load_settings(env={}, overrides={
-        "store": {"data_dir": str(data)}, "embedder": {"cache_dir": str(model_cache)},
-        "runtime": {"namespace": NS}, "persona": {"global_dir": str(data / "persona")},
-        "household": {"timezone": ZONE},
-        "http": {"port": 0, "models": {"assistant": "offline"}},
-    })
-    sup = supervisor.start(settings)
-    try:
-        base = HttpClient(NS).address()
-        yield Api(settings, base, token_path(settings).read_text().strip())
-    finally:
-        sup.stop()
+    with http_runtime.http_runtime(NS, tmp_path_factory.mktemp("http-mem-data"), model_cache,
+                                   household={"timezone": ZONE},
+                                   http={"models": {"assistant": "offline"}}) as started:
+        yield Api(started.settings, started.base, started.token)
 
 
 def tag() -> str:

@@ -28,10 +28,9 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from fastapi.testclient import TestClient
+from http_runtime import http_runtime
 
-from actors import supervisor
-from actors.handles import HttpClient
-from actors.http_app import make_app, token_path
+from actors.http_app import make_app
 from actors.http_page import (
     COOKIE,
     PageAuth,
@@ -470,17 +469,9 @@ class Runtime:
 @pytest.fixture(scope="module")
 def runtime(ray_instance: str, tmp_path_factory: pytest.TempPathFactory,
             model_cache: Path) -> Iterator[Runtime]:
-    data = tmp_path_factory.mktemp("http-page-data")
-    settings = load_settings(env={}, overrides={
-        "store": {"data_dir": str(data)}, "embedder": {"cache_dir": str(model_cache)},
-        "runtime": {"namespace": NS}, "persona": {"global_dir": str(data / "persona")},
-        "household": {"timezone": ZONE}, "http": {"port": 0},
-    })
-    sup = supervisor.start(settings)
-    try:
-        yield Runtime(settings, HttpClient(NS).address(), token_path(settings).read_text().strip())
-    finally:
-        sup.stop()
+    with http_runtime(NS, tmp_path_factory.mktemp("http-page-data"), model_cache,
+                      household={"timezone": ZONE}) as started:
+        yield Runtime(started.settings, started.base, started.token)
 
 
 def word() -> str:

@@ -19,12 +19,11 @@ from urllib.parse import urlsplit
 import openai
 import pytest
 from fake_openai import FakeOpenAI, Mode
+from http_runtime import http_runtime
 
-from actors import supervisor
-from actors.handles import HttpClient, TranscriptClient, TurnsClient
-from actors.http_app import token_path
+from actors.handles import TranscriptClient, TurnsClient
 from actors.messages import RecentTurns, TurnDelta, TurnReply, UserTurn
-from runtime.config import Settings, load_settings
+from runtime.config import Settings
 
 NS = "test-http-stream"
 
@@ -38,19 +37,11 @@ def upstream() -> Iterator[FakeOpenAI]:
 @pytest.fixture(scope="module")
 def runtime(ray_instance: str, upstream: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory,
             model_cache: Path) -> Iterator[tuple[Settings, str, str]]:
-    data = tmp_path_factory.mktemp("stream-data")
-    settings = load_settings(env={}, overrides={
-        "store": {"data_dir": str(data)}, "embedder": {"cache_dir": str(model_cache)},
-        "runtime": {"namespace": NS}, "persona": {"global_dir": str(data / "persona")},
-        "llm": {"providers": [{"name": "local", "base_url": upstream.base_url,
-                               "model": "tiny", "timeout_s": 30}]},
-        "http": {"port": 0, "models": {"quick": "offline"}},
-    })
-    sup = supervisor.start(settings)
-    try:
-        yield settings, HttpClient(NS).address(), token_path(settings).read_text().strip()
-    finally:
-        sup.stop()
+    with http_runtime(NS, tmp_path_factory.mktemp("stream-data"), model_cache,
+                      llm={"providers": [{"name": "local", "base_url": upstream.base_url,
+                                          "model": "tiny", "timeout_s": 30}]},
+                      http={"models": {"quick": "offline"}}) as started:
+        yield started.settings, started.base, started.token
 
 
 @pytest.fixture
@@ -289,7 +280,8 @@ def test_ollama_malformed_bodies_are_422_naming_the_field(
 def _scrape() -> str:
     import ray
 
-    port = ray._private.worker.global_worker.node.metrics_export_port
+    node: Any = ray._private.worker.global_worker.node
+    port = node.metrics_export_port
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
         conn.request("GET", "/metrics")
