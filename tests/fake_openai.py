@@ -280,19 +280,14 @@ class FakeOpenAI:
             return any(m in text for m in self._dropped)
 
     def _wait_stream_gates(self, text: str) -> bool:
-        with self._arrived:
-            gates = [g for m, g in self._stream_gates.items() if m in text]
-            for gate in gates:
-                gate.count += 1
-            self._arrived.notify_all()
-        for gate in gates:
-            gate.opened.wait()
-        return not self._stopping.is_set()
+        return self._wait_gates(text, self._stream_gates)
 
-    def _wait_gates(self, text: str) -> bool:
-        """Block while a gate holds ``text``; False if the server is stopping."""
+    def _wait_gates(self, text: str, held: dict[str, _Gate] | None = None) -> bool:
+        """Block while a gate (of ``held``: the request gates by default) holds
+        ``text``; False if the server is stopping."""
         with self._arrived:
-            gates = [g for m, g in self._gates.items() if m in text]
+            gates = [g for m, g in (self._gates if held is None else held).items()
+                     if m in text]
             for gate in gates:
                 gate.count += 1
             self._arrived.notify_all()
