@@ -51,7 +51,7 @@ from datetime import datetime, tzinfo
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.clock import DAY, household_zone
 from runtime.episodes import EpisodeIn
@@ -59,7 +59,7 @@ from runtime.extract_rules import SINGLE_RELATIONS
 from runtime.facts import FactIn
 from runtime.job_context import JobContext, JobResult
 from runtime.job_state import get_state, set_state
-from runtime.portrait import MAX_LINE_REFS, SourceRef, ask_json, latest_portrait
+from runtime.portrait import MAX_LINE_REFS, OneLine, SourceRef, ask_json, latest_portrait
 from runtime.store import Row, Store
 from runtime.support import missing_terms, turn_text
 
@@ -301,16 +301,9 @@ class FindingOut(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     type: FindingType
-    text: str = Field(min_length=1, max_length=300)
+    text: OneLine = Field(min_length=1, max_length=300)
     refs: list[SourceRef] = Field(min_length=1, max_length=MAX_LINE_REFS)
 
-    @field_validator("text")
-    @classmethod
-    def _one_line(cls, value: str) -> str:
-        value = " ".join(value.split())
-        if not value:
-            raise ValueError("empty")
-        return value
 
 
 class FindingsOut(BaseModel):

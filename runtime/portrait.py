@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from runtime.clock import DAY, household_zone
 from runtime.extract_rules import SINGLE_RELATIONS, slug
@@ -90,22 +90,27 @@ SourceRef = Annotated[str, Field(pattern=SOURCE_REF, max_length=40)]
 # -- what a version holds ----------------------------------------------------------
 
 
+def one_line(value: str) -> str:
+    """A model's line of text on one line, its spaces squashed; ValueError if empty."""
+    value = " ".join(value.split())
+    if not value:
+        raise ValueError("the line is empty")
+    return value
+
+
+#: A line a model wrote: one line, spaces squashed, not empty.
+OneLine = Annotated[str, AfterValidator(one_line)]
+
+
 class PortraitLine(BaseModel):
     """One line of the portrait and the memories it rests on."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     section: Section
-    text: str = Field(min_length=1, max_length=MAX_LINE_CHARS)
+    text: OneLine = Field(min_length=1, max_length=MAX_LINE_CHARS)
     refs: list[SourceRef] = Field(min_length=1, max_length=MAX_LINE_REFS)
 
-    @field_validator("text")
-    @classmethod
-    def _one_line(cls, value: str) -> str:
-        value = " ".join(value.split())
-        if not value:
-            raise ValueError("a portrait line cannot be empty")
-        return value
 
 
 class PortraitIn(BaseModel):
