@@ -601,6 +601,27 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE job_runs ADD COLUMN detail TEXT;
         """,
     ),
+    (
+        "0015_privacy_and_person",
+        """
+        -- Privacy in a shared home (issue 12): a memory may be sensitive (codes,
+        -- health, money): set by the user, or proposed by extraction for the fact
+        -- kinds configured as sensitive. Sensitive memories personalise answers to
+        -- their owner but never enter generated artefacts (portrait, digests, dmn),
+        -- are never spoken to an unknown voice speaker, never quoted by the
+        -- offline provider. ``person``: whose memory it is (the speaker it came
+        -- from; NULL: the household's), so recall can be scoped to a person.
+        ALTER TABLE transcript ADD COLUMN sensitive INTEGER NOT NULL DEFAULT 0
+            CHECK (sensitive IN (0, 1));
+        ALTER TABLE episodes ADD COLUMN sensitive INTEGER NOT NULL DEFAULT 0
+            CHECK (sensitive IN (0, 1));
+        ALTER TABLE episodes ADD COLUMN person TEXT;
+        ALTER TABLE facts ADD COLUMN sensitive INTEGER NOT NULL DEFAULT 0
+            CHECK (sensitive IN (0, 1));
+        ALTER TABLE facts ADD COLUMN person TEXT;
+        """,
+    ),
+    # 0016 (threads and mood), 0017 (digests), 0018 (user profile): issue 12 slices
 ]
 
 
