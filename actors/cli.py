@@ -168,7 +168,8 @@ def cmd_chat(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_recall(args: argparse.Namespace, settings: Settings) -> int:
     from actors.messages import Recall
 
-    found = Remote(settings).recall.recall(Recall(query=args.query, max_items=args.max_items))
+    found = Remote(settings).recall.recall(Recall(query=args.query, max_items=args.max_items,
+                                                  person=args.person))
     if args.json:
         print(found.model_dump_json())
         return EXIT_OK
@@ -189,7 +190,9 @@ def cmd_remember(args: argparse.Namespace, settings: Settings) -> int:
     remote = Remote(settings)
     key = args.key or "note-" + hashlib.sha1(args.text.strip().lower().encode()).hexdigest()[:10]
     fact = FactIn(kind=args.kind, subject=args.subject, key=key, value=args.text,
-                  confidence=1.0, source="user", user_managed=True)
+                  confidence=1.0, source="user", user_managed=True,
+                  sensitive=args.sensitive, person=args.person,
+                  memory_level=args.level)  # the user may ask for vivid or seared
     written = remote.graph.add(AddFact(fact=fact, writer="cli"))
     remote.recall.sync()
     print(f"fact:{written.fact_id} ({written.action})")
@@ -248,6 +251,12 @@ def cmd_disable(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_enable(args: argparse.Namespace, settings: Settings) -> int:
     print(_change(Remote(settings), args.ref, "enable"))
+    return EXIT_OK
+
+
+def cmd_sensitive(args: argparse.Namespace, settings: Settings) -> int:
+    """Mark a memory sensitive (codes, health, money), or not (``--off``): runtime.privacy."""
+    print(_change(Remote(settings), args.ref, "not_sensitive" if args.off else "sensitive"))
     return EXIT_OK
 
 
@@ -555,6 +564,51 @@ def _list_reminders(args: argparse.Namespace, settings: Settings) -> int:
 
 # -- places (the geo job) -------------------------------------------------------
 
+def cmd_graph_neighbours(args: argparse.Namespace, settings: Settings) -> int:
+    """A subject's neighbours in the fact graph (runtime.graph_views), read-only."""
+    from runtime.graph_views import neighbours
+    from runtime.viz import open_read_only
+
+    with open_read_only(settings) as store:
+        view = neighbours(store, args.subject)
+    if args.json:
+        print(json.dumps(view))
+        return EXIT_OK
+    if not view["facts"] and not view["named_in"]:
+        print(f"nothing known about {view['subject']!r}")
+        return EXIT_OK
+    print(f"{view['subject']}:")
+    for f in view["facts"]:
+        print(f"  {f['ref']:<10} {f['key']}: {f['value']}")
+    if view["named_in"]:
+        print("named in:")
+    for f in view["named_in"]:
+        print(f"  {f['ref']:<10} {f['subject']} {f['key']}: {f['value']}")
+    if view["linked"]:
+        print("linked: " + ", ".join(f"{n['subject']} ({len(n['via'])})" for n in view["linked"]))
+    return EXIT_OK
+
+
+def cmd_graph_map(args: argparse.Namespace, settings: Settings) -> int:
+    """The fact graph in counts: by kind, subjects, links, and the hubs."""
+    from runtime.graph_views import graph_map
+    from runtime.viz import open_read_only
+
+    with open_read_only(settings) as store:
+        view = graph_map(store, args.hubs)
+    if args.json:
+        print(json.dumps(view))
+        return EXIT_OK
+    print(f"{view['facts']} facts about {view['subjects']} subjects, {view['links']} links")
+    for kind, count in view["kinds"].items():
+        print(f"  {kind:<20} {count}")
+    if view["hubs"]:
+        print("hubs:")
+    for h in view["hubs"]:
+        print(f"  {h['subject']}: {h['facts']} facts, {h['links']} links")
+    return EXIT_OK
+
+
 def cmd_place_list(args: argparse.Namespace, settings: Settings) -> int:
     """The places the geo job found, their ids and names, and the habits: read
     from the store (read-only), so no runtime is needed."""
@@ -644,6 +698,8 @@ def parser() -> argparse.ArgumentParser:
     recall.add_argument("query")
     recall.add_argument("--max-items", type=int)
     recall.add_argument("--json", action="store_true")
+    recall.add_argument("--person", metavar="NAME",
+                        help="only NAME's memories and the household's")
     recall.set_defaults(func=cmd_recall)
 
     remember = sub.add_parser("remember", help="remember something explicitly (a fact)")
@@ -651,6 +707,13 @@ def parser() -> argparse.ArgumentParser:
     remember.add_argument("--kind", default="user_specific")
     remember.add_argument("--subject", default="user")
     remember.add_argument("--key", help="fact key (default: derived from the text)")
+    remember.add_argument("--level", choices=("normal", "vivid", "seared"), default="normal",
+                          help="memory level: vivid never fades below half, seared never fades")
+    remember.add_argument("--sensitive", action="store_true",
+                          help="codes, health, money: only its owner is ever told it, "
+                          "never an unknown voice; never in a portrait or digest")
+    remember.add_argument("--person", metavar="NAME",
+                          help="whose it is (default: the household's)")
     remember.set_defaults(func=cmd_remember)
 
     def change_args(sp: argparse.ArgumentParser) -> None:
@@ -670,6 +733,12 @@ def parser() -> argparse.ArgumentParser:
     enable = sub.add_parser("enable", help="bring a disabled memory back")
     enable.add_argument("ref", help="turn:<id>, episode:<id> or fact:<id>")
     enable.set_defaults(func=cmd_enable)
+
+    sensitive = sub.add_parser("sensitive", help="mark a memory sensitive (codes, health, "
+                               "money), or not with --off")
+    sensitive.add_argument("ref", help="turn:<id>, episode:<id> or fact:<id>")
+    sensitive.add_argument("--off", action="store_true", help="no longer sensitive")
+    sensitive.set_defaults(func=cmd_sensitive)
 
     status = sub.add_parser("status", help="health of the running runtime (exit 1 if none)")
     status.add_argument("--json", action="store_true")
@@ -730,6 +799,19 @@ def parser() -> argparse.ArgumentParser:
     place_name.add_argument("name", help="e.g. \"grandma's house\"")
     place_name.set_defaults(func=cmd_place_name)
 
+    graph = sub.add_parser("graph", help="the fact graph: a subject's neighbours, the map "
+                           "(read-only, no runtime needed)")
+    graph_sub = graph.add_subparsers(dest="graph_command", required=True)
+    graph_near = graph_sub.add_parser("neighbours", help="the facts about a subject, the "
+                                      "facts naming it, and the subjects linked to it")
+    graph_near.add_argument("subject")
+    graph_near.add_argument("--json", action="store_true")
+    graph_near.set_defaults(func=cmd_graph_neighbours)
+    graph_map = graph_sub.add_parser("map", help="live facts by kind, subjects, links, hubs")
+    graph_map.add_argument("--hubs", type=int, default=10, help="how many hubs (default 10)")
+    graph_map.add_argument("--json", action="store_true")
+    graph_map.set_defaults(func=cmd_graph_map)
+
     backup = sub.add_parser("backup", help="the Litestream replica: verify it, restore from it")
     backup_sub = backup.add_subparsers(dest="backup_command", required=True)
     verify = backup_sub.add_parser("verify", help="restore the latest replica to a temporary"
@@ -751,6 +833,12 @@ def parser() -> argparse.ArgumentParser:
     from actors import doctor  # doctor log | rollback | check-facts
 
     doctor.add_parser(sub)
+    from actors import memory_cli  # digest [--period P] [--json]; profile [show | set F=V ...]
+
+    memory_cli.add_parsers(sub)
+    from actors import timeline_cmd  # timeline "EXPR" [--json]
+
+    timeline_cmd.add_parser(sub)
     return p
 
 

@@ -44,6 +44,7 @@ from actors.messages import (
     Activity,
     AddEpisode,
     AddFact,
+    AddMood,
     AddPortrait,
     AppendTurns,
     BrowseMemories,
@@ -51,6 +52,7 @@ from actors.messages import (
     ChangeMemory,
     Compact,
     Compacted,
+    DigestsWritten,
     DropFromIndex,
     EdgeInfo,
     EdgeRequest,
@@ -71,10 +73,14 @@ from actors.messages import (
     MemoryMatches,
     MemoryPage,
     MemoryView,
+    MoodWritten,
+    NearestFound,
+    NearestMemory,
     PortraitWritten,
     Presence,
     PresenceReport,
     PresenceRequest,
+    ProfileUpdated,
     PublishFix,
     Recall,
     Recalled,
@@ -92,8 +98,11 @@ from actors.messages import (
     TurnList,
     TurnReply,
     TurnsAppended,
+    UpdateProfile,
+    UpdateThread,
     UserTurn,
     ViewMemory,
+    WriteDigests,
 )
 from runtime.refs import MemoryService, NoSuchItem, change, edit
 
@@ -249,6 +258,10 @@ class RecallClient(ActorClient):
     def find(self, msg: FindMemories) -> MemoryMatches:
         return self.call("find", msg, reply=MemoryMatches, retry=True)
 
+    def nearest(self, msg: NearestMemory) -> NearestFound:
+        """The live memory nearest to a text (the near-duplicate check)."""
+        return self.call("nearest", msg, reply=NearestFound, retry=True)
+
     def browse(self, msg: BrowseMemories) -> MemoryPage:
         return self.call("browse", msg, reply=MemoryPage, retry=True)
 
@@ -330,6 +343,13 @@ class EpisodesClient(ActorClient):
         """Refresh used episodes without waiting; returns the object ref."""
         return self.submit("touch", msg)
 
+    def update_thread(self, msg: UpdateThread) -> Ack:
+        """Resolve or escalate an episode's open thread."""
+        return self.call("update_thread", msg, reply=Ack)
+
+    def add_mood(self, msg: AddMood) -> MoodWritten:
+        return self.call("add_mood", msg, reply=MoodWritten)
+
 
 class GraphClient(ActorClient):
     name = GRAPH
@@ -339,6 +359,12 @@ class GraphClient(ActorClient):
 
     def add_portrait(self, msg: AddPortrait) -> PortraitWritten:
         return self.call("add_portrait", msg, reply=PortraitWritten)
+
+    def write_digests(self, msg: WriteDigests) -> DigestsWritten:
+        return self.call("write_digests", msg, reply=DigestsWritten)
+
+    def update_profile(self, msg: UpdateProfile) -> ProfileUpdated:
+        return self.call("update_profile", msg, reply=ProfileUpdated)
 
     def change(self, msg: ChangeMemory) -> Ack:
         return self.call("change", msg, reply=Ack)
@@ -452,7 +478,8 @@ def owner(ref: str, namespace: str,
 
 
 DONE: dict[str, str] = {"disable": "disabled", "enable": "enabled", "delete": "deleted",
-                        "pin": "pinned", "unpin": "unpinned"}
+                        "pin": "pinned", "unpin": "unpinned",
+                        "sensitive": "marked sensitive", "not_sensitive": "marked not sensitive"}
 
 
 def change_memory(recall: RecallClient, service: MemoryService, msg: ChangeMemory,
@@ -477,7 +504,7 @@ def change_memory(recall: RecallClient, service: MemoryService, msg: ChangeMemor
         except BaseException:
             recall.after_change(kind, ref.id, "enable")
             raise
-    elif msg.change in ("pin", "unpin"):
+    elif msg.change in ("pin", "unpin", "sensitive", "not_sensitive"):  # index unchanged
         try:
             change(service, ref, msg.change, msg.writer)
         except ValueError as exc:

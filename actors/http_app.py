@@ -28,7 +28,7 @@ import hmac
 import logging
 import secrets
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
@@ -203,6 +203,9 @@ class RememberRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     text: str = Field(min_length=1, max_length=MAX_TURN_CHARS)
+    level: Literal["normal", "vivid", "seared"] = Field(
+        default="normal", description="Memory level: vivid never fades below half, "
+                                      "seared never fades (runtime.levels).")
 
 
 class MemoryWritten(BaseModel):
@@ -266,7 +269,7 @@ def make_app(settings: Settings, token: str, backend: Backend) -> Any:
               tags=["memories"])
     def post_memory(body: RememberRequest) -> MemoryWritten:
         """Remember ``text`` as a user-managed fact (as ``reverie remember``)."""
-        ref, action = backend.remember(body.text)
+        ref, action = backend.remember(body.text, body.level)
         return MemoryWritten(ref=ref, action=action)
 
     def change(ref: str, what: str) -> Changed:

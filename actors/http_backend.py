@@ -8,7 +8,6 @@ command. The HTTP parts hold no state of their own.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from typing import Protocol
 
@@ -35,7 +34,7 @@ class Backend(Protocol):
     def turn(self, msg: UserTurn) -> TurnReply: ...
     def turn_stream(self, msg: UserTurn) -> Iterator[TurnDelta | TurnReply]: ...
     def recall(self, msg: Recall) -> Recalled: ...
-    def remember(self, text: str) -> tuple[str, str]: ...
+    def remember(self, text: str, level: str = "normal") -> tuple[str, str]: ...
     def change(self, ref: str, change: str) -> str: ...
     def edit(self, ref: str, text: str) -> str: ...
     def browse(self, msg: BrowseMemories) -> MemoryPage: ...
@@ -68,14 +67,13 @@ class ActorBackend:
     def recall(self, msg: Recall) -> Recalled:
         return self.recall_client.recall(msg)
 
-    def remember(self, text: str) -> tuple[str, str]:
-        """An explicit "remember": a user-managed fact (as ``reverie remember``)."""
+    def remember(self, text: str, level: str = "normal") -> tuple[str, str]:
+        """An explicit "remember": a user-managed fact (as ``reverie remember``),
+        at ``level`` (normal, vivid or seared; ValueError otherwise)."""
         from actors.messages import AddFact
-        from runtime.facts import FactIn
+        from runtime.remember import note_fact
 
-        key = "note-" + hashlib.sha1(text.strip().lower().encode()).hexdigest()[:10]
-        fact = FactIn(kind="user_specific", subject="user", key=key, value=text,
-                      confidence=1.0, source="user", user_managed=True)
+        fact = note_fact(text, level)
         written = self.graph.add(AddFact(fact=fact, writer="http"))
         self.recall_client.sync()
         return f"fact:{written.fact_id}", written.action

@@ -9,13 +9,18 @@ ISO-8601 date or date and time (``2026-03-01``, ``2026-03-01T08:30``), read in
 the household's zone (``household.timezone``) unless it names its own offset
 (``2026-03-01T08:30+01:00``, ``...Z``). ``q`` keeps the items containing every
 word of it (plain words: never a query language).
+``GET /v1/timeline?expr=last week`` names the slice in words instead
+(:mod:`runtime.timeline`: the memories dated in it, by when they happened).
 
 One memory: ``GET /v1/memories/{ref}`` (404 when the ref names nothing),
 ``PATCH /v1/memories/{ref}`` with ``{"text": ...}`` (an episode's gist is
 rewritten; a fact gets a new claim that supersedes it, so the answer names the
 ref now holding the text; a turn is refused with 400: the transcript is
 append-only), ``POST /v1/memories/{ref}/pin`` and ``/unpin`` (episodes and
-facts: pinned is the level that never fades). A malformed ref is a 400 that
+facts: pinned is the level that never fades), ``POST
+/v1/memories/{ref}/sensitive`` and ``/not-sensitive`` (any memory: the
+sensitive tier of ``runtime.privacy``; each item's ``sensitive`` and
+``person`` show it). A malformed ref is a 400 that
 says what a ref looks like; a malformed query parameter a 422 naming it.
 
 Remembering, disabling, enabling and deleting are in :mod:`actors.http_app`.
@@ -36,7 +41,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from actors.http_app import Changed
 from actors.http_backend import Backend
 from actors.messages import MAX_TURN_CHARS, BrowseMemories, MemoryPage, MemoryView
-from runtime.clock import household_zone
+from runtime import timeline as timelines
+from runtime.clock import SystemClock, household_zone
 from runtime.config import Settings
 from runtime.refs import NoSuchItem, parse_ref
 
@@ -136,6 +142,10 @@ OrderParam = Annotated[Literal["newest", "oldest"], Query(
     description="`newest` first (the default) or `oldest` first.")]
 LimitParam = Annotated[int, Query(ge=1, le=MAX_LIMIT, description="Items per page.")]
 OffsetParam = Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Items to skip.")]
+ExprParam = Annotated[str | None, Query(
+    min_length=1, max_length=200,
+    description='A time in words ("last week", "May 2023", "2023-05-07"): the memories '
+                "dated in it (a turn when said, an episode when begun, a fact when true).")]
 
 
 def install(app: Any, settings: Settings, backend: Backend) -> None:
@@ -218,6 +228,22 @@ def install(app: Any, settings: Settings, backend: Backend) -> None:
         never below a floor). One that is not pinned is left as it is."""
         return Changed(ref=ref, change="unpin", detail=found(backend.change, ref, "unpin"))
 
+    @app.post("/v1/memories/{ref}/sensitive", response_model=Changed, tags=[TAG],
+              responses=NOT_FOUND)
+    def mark_sensitive(ref: str) -> Changed:
+        """Mark a memory sensitive (codes, health, money): only its owner is told
+        it, never an unknown speaker on a spoken channel; it never enters a
+        portrait, digest or dmn finding."""
+        return Changed(ref=ref, change="sensitive",
+                       detail=found(backend.change, ref, "sensitive"))
+
+    @app.post("/v1/memories/{ref}/not-sensitive", response_model=Changed, tags=[TAG],
+              responses=NOT_FOUND)
+    def unmark_sensitive(ref: str) -> Changed:
+        """Take a memory's sensitive mark away."""
+        return Changed(ref=ref, change="not_sensitive",
+                       detail=found(backend.change, ref, "not_sensitive"))
+
     @app.get("/v1/episodes", response_model=MemoryPage, tags=[TAG])
     def list_episodes(q: TextParam = None, since: SinceParam = None,
                       until: UntilParam = None, include_disabled: DisabledParam = True,
@@ -239,6 +265,17 @@ def install(app: Any, settings: Settings, backend: Backend) -> None:
 
     @app.get("/v1/timeline", response_model=MemoryPage, tags=[TAG])
     def timeline(since: SinceParam = None, until: UntilParam = None,
-                 limit: LimitParam = 50, offset: OffsetParam = 0) -> MemoryPage:
-        """Everything remembered within `[since, until)`, every kind, oldest first."""
-        return page(list(KINDS), None, since, until, True, True, limit, offset)
+                 limit: LimitParam = 50, offset: OffsetParam = 0,
+                 expr: ExprParam = None) -> MemoryPage:
+        """Everything remembered within `[since, until)`, every kind, oldest first;
+        or, with `expr`, the memories dated in the time it names (runtime.timeline)."""
+        if expr is None:
+            return page(list(KINDS), None, since, until, True, True, limit, offset)
+        if since is not None or until is not None:
+            raise _invalid("expr", "give either expr or since/until, not both")
+        try:
+            span = timelines.span_of(expr, SystemClock(), zone)
+        except ValueError as exc:
+            raise _invalid("expr", str(exc)) from None
+        return backend.browse(BrowseMemories(since=span.start, until=span.end, dated=True,
+                                             oldest_first=True, limit=limit, offset=offset))

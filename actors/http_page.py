@@ -424,6 +424,8 @@ def install(app: Any, settings: Settings, backend: Backend) -> None:
             badges.append(Safe('<span class="badge disabled">disabled</span>'))
         if item.pinned:
             badges.append(Safe('<span class="badge pinned">pinned</span>'))
+        if item.sensitive:
+            badges.append(Safe('<span class="badge sensitive">sensitive</span>'))
         for label in (item.level, item.speaker, item.channel):
             if label:
                 badges.append(fill('<span class="badge">$label</span>', label=label))

@@ -1,5 +1,6 @@
 """The Episodes and Graph actors: the only writers of episodes and of facts (and of
-the household's portrait, a summary of the facts)."""
+the household's portrait, a summary of the facts; of the digests; and of the user
+profile)."""
 
 from __future__ import annotations
 
@@ -15,25 +16,38 @@ from actors.common import (
     open_store,
     setup_logging,
 )
+from actors.duplicate_finder import duplicate_check
 from actors.handles import RecallClient, change_memory, edit_memory
 from actors.messages import (
     Ack,
     AddEpisode,
     AddFact,
+    AddMood,
     AddPortrait,
     ChangeMemory,
+    DigestsWritten,
     DropFromIndex,
     EditMemory,
     EpisodeWritten,
     FactWritten,
+    MoodWritten,
     PortraitWritten,
+    ProfileUpdated,
     TouchEpisodes,
+    UpdateProfile,
+    UpdateThread,
+    WriteDigests,
 )
 from runtime.config import Settings
+from runtime.digests import DigestService
+from runtime.duplicates import NearDuplicate
 from runtime.episodes import EpisodeService
 from runtime.fact_kinds import FactKinds
 from runtime.facts import GraphService
+from runtime.mood import MoodService
 from runtime.portrait import PortraitService
+from runtime.threads import ThreadService
+from runtime.user_profile import ProfileService
 
 log = logging.getLogger(__name__)
 
@@ -42,9 +56,12 @@ class EpisodesActor:
     def __init__(self, settings: Settings) -> None:
         setup_logging(settings, "episodes")
         self.store = open_store(settings)
-        self.episodes = EpisodeService(self.store, load_profiles(settings))
         self.recall = RecallClient(settings.runtime.namespace)
+        self.episodes = EpisodeService(self.store, load_profiles(settings),
+                                       duplicate_check(self.store, self.recall, settings))
         self.notify_recall = Notifier(self.recall.sync_some_async, "recall.sync_some")
+        self.threads = ThreadService(self.store)
+        self.moods = MoodService(self.store)
 
     def add(self, msg: AddEpisode) -> EpisodeWritten:
         """Write an episode; a source that may not become episodes is refused
@@ -52,12 +69,29 @@ class EpisodesActor:
         msg = accept(AddEpisode, msg)
         try:
             episode_id = self.episodes.add(msg.episode, msg.writer)
+        except NearDuplicate as refused:  # logged by the check, with its ref
+            return EpisodeWritten(episode_id=refused.item_id, duplicate=True)
         except (ValidationError, ValueError) as exc:  # MutedSource is a ValueError
             raise bad_request(exc) from None
         for child in msg.episode.children:  # tombstoned: out of the index
             self.recall.drop_async(DropFromIndex(kind="episode", item_id=child))
         self.notify_recall()
         return EpisodeWritten(episode_id=episode_id)
+
+    def update_thread(self, msg: UpdateThread) -> Ack:
+        """Resolve or escalate an episode's open thread (``runtime.threads``
+        decides what changes); no open thread there is a ``BadRequest``."""
+        msg = accept(UpdateThread, msg)
+        try:
+            row = self.threads.apply(msg.change, msg.writer)
+        except ValueError as exc:
+            raise bad_request(exc) from None
+        return Ack(detail="unchanged" if row is None else f"episode:{row['id']}")
+
+    def add_mood(self, msg: AddMood) -> MoodWritten:
+        """Append a reading of the mood (``runtime.mood``), with the write log."""
+        msg = accept(AddMood, msg)
+        return MoodWritten(mood_id=self.moods.add(msg.mood, msg.writer))
 
     def touch(self, msg: TouchEpisodes) -> Ack:
         """Episodes used in an answer: their decay restarts."""
@@ -83,10 +117,13 @@ class GraphActor:
     def __init__(self, settings: Settings) -> None:
         setup_logging(settings, "graph")
         self.store = open_store(settings)
-        self.graph = GraphService(self.store, FactKinds.load(settings.memory.fact_kinds_file),
-                                  load_profiles(settings))
-        self.portraits = PortraitService(self.store)
         self.recall = RecallClient(settings.runtime.namespace)
+        self.graph = GraphService(self.store, FactKinds.load(settings.memory.fact_kinds_file),
+                                  load_profiles(settings),
+                                  duplicate_check(self.store, self.recall, settings))
+        self.portraits = PortraitService(self.store)
+        self.digests = DigestService(self.store)
+        self.profile = ProfileService(self.store)
         self.notify_recall = Notifier(self.recall.sync_some_async, "recall.sync_some")
 
     def add(self, msg: AddFact) -> FactWritten:
@@ -104,6 +141,22 @@ class GraphActor:
         """Append a version of the portrait (``runtime.portrait``), with the write log."""
         msg = accept(AddPortrait, msg)
         return PortraitWritten(portrait_id=self.portraits.add(msg.portrait, msg.writer))
+
+    def write_digests(self, msg: WriteDigests) -> DigestsWritten:
+        """Add digests and prune expired ones (``runtime.digests``), with the write log."""
+        msg = accept(WriteDigests, msg)
+        try:
+            return DigestsWritten(digest_ids=self.digests.write(msg.batch, msg.writer))
+        except ValueError as exc:  # a monthly to prune, an unknown id
+            raise bad_request(exc) from None
+
+    def update_profile(self, msg: UpdateProfile) -> ProfileUpdated:
+        """Apply profile operations all or nothing (``runtime.user_profile``)."""
+        msg = accept(UpdateProfile, msg)
+        try:
+            return ProfileUpdated(changes=self.profile.apply(msg.ops, msg.source, msg.writer))
+        except ValueError as exc:  # an operation on nothing, a bad tag: nothing written
+            raise bad_request(exc) from None
 
     def change(self, msg: ChangeMemory) -> Ack:
         """Disable, enable or forget one fact; then bring the index in step."""

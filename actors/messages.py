@@ -15,10 +15,15 @@ older senders keep working.
 | SyncIndex          | Recall.sync              | IndexSynced      |
 | DropFromIndex      | Recall.drop              | Ack              |
 | FindMemories       | Recall.find              | MemoryMatches    |
+| NearestMemory      | Recall.nearest           | NearestFound     |
 | AddEpisode         | Episodes.add             | EpisodeWritten   |
 | TouchEpisodes      | Episodes.touch           | Ack              |
+| UpdateThread       | Episodes.update_thread   | Ack              |
+| AddMood            | Episodes.add_mood        | MoodWritten      |
 | AddFact            | Graph.add                | FactWritten      |
 | AddPortrait        | Graph.add_portrait       | PortraitWritten  |
+| WriteDigests       | Graph.write_digests      | DigestsWritten   |
+| UpdateProfile      | Graph.update_profile     | ProfileUpdated   |
 | ChangeMemory       | owner of the ref .change | Ack              |
 | UserTurn           | Turns.process            | TurnReply        |
 | UserTurn           | Turns.process_stream     | TurnDelta…, TurnReply (streamed) |
@@ -55,11 +60,15 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from runtime.digests import DigestBatch
 from runtime.episodes import EpisodeIn
 from runtime.facts import FactIn
+from runtime.mood import MoodIn
 from runtime.portrait import PortraitIn
 from runtime.recall import RecallItem, RecallResult
-from runtime.transcript import MAX_TURN_CHARS, Location, TurnIn
+from runtime.threads import ThreadChange
+from runtime.transcript import MAX_TURN_CHARS, Location, ToolCallIn, TurnIn
+from runtime.user_profile import ProfileOp
 
 VERSION = 1
 MAX_BATCH = 1000
@@ -91,10 +100,13 @@ class AppendTurns(Message):
     ``index_now``: tell Recall at once that there is news (the default). The
     Turns actor says no for the turn it is about to answer, and tells Recall
     itself after its turn-zero recall, which so never waits behind the
-    embedding of the very turn it answers."""
+    embedding of the very turn it answers. ``tool_calls`` (optional, one list
+    per turn) records the tool calls the model made for that turn (a pull
+    channel's recalls), in the same transaction."""
 
     turns: list[TurnIn] = Field(min_length=1, max_length=MAX_BATCH)
     citations: list[list[Ref]] | None = Field(default=None, max_length=MAX_BATCH)
+    tool_calls: list[list[ToolCallIn]] | None = Field(default=None, max_length=MAX_BATCH)
     writer: str = Field(default="transcript", min_length=1, max_length=80)
     index_now: bool = True
 
@@ -106,6 +118,9 @@ class AppendTurns(Message):
                                  f"{len(self.turns)} turns")
             if any(len(refs) > MAX_REFS for refs in self.citations):
                 raise ValueError(f"citations: at most {MAX_REFS} refs per turn")
+        if self.tool_calls is not None and len(self.tool_calls) != len(self.turns):
+            raise ValueError(f"tool_calls: {len(self.tool_calls)} lists for "
+                             f"{len(self.turns)} turns")
         return self
 
 
@@ -127,6 +142,7 @@ class TurnRow(Message):
     content: str
     created_at: float
     disabled: bool = False  # hidden by the user: never put in a prompt
+    sensitive: bool = False  # runtime.privacy: who may hear it
 
 
 class TurnList(Message):
@@ -166,6 +182,8 @@ class Recall(Message):
     max_tokens: int | None = Field(default=None, ge=0)
     now: float | None = None
     exclude: list[str] = Field(default_factory=list, max_length=MAX_BATCH)
+    # scoped to this person's memories and the household's (runtime.privacy.in_scope)
+    person: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 class MemoryItem(Message):
@@ -179,13 +197,16 @@ class MemoryItem(Message):
     created_at: float
     turns: list[int]
     tokens: int
+    sensitive: bool = False  # runtime.privacy: who may be given it
+    person: str | None = None  # whose memory it is (None: the household's)
 
     @classmethod
     def of(cls, item: RecallItem) -> MemoryItem:
         return cls(ref=item.ref, kind=item.kind, item_id=item.item_id,  # type: ignore[arg-type]
                    text=item.text, score=item.score, relevance=item.relevance,
                    channel=item.channel, created_at=item.created_at,
-                   turns=list(item.turns), tokens=item.tokens)
+                   turns=list(item.turns), tokens=item.tokens, sensitive=item.sensitive,
+                   person=item.person)
 
 
 class Recalled(Message):
@@ -243,6 +264,20 @@ class MemoryMatches(Message):
     items: list[MemoryMatch]
 
 
+class NearestMemory(Message):
+    """The live episode or fact (about ``subject``) nearest to ``text``, for the
+    near-duplicate check (``runtime.duplicates``)."""
+
+    kind: Literal["episode", "fact"]
+    text: str = Field(min_length=1, max_length=20_000)
+    subject: str | None = Field(default=None, max_length=500)
+
+
+class NearestFound(Message):
+    item_id: int | None  # None: no live memory of that kind
+    similarity: float = 0.0
+
+
 # -- episodes and graph -----------------------------------------------------
 
 class AddEpisode(Message):
@@ -252,6 +287,8 @@ class AddEpisode(Message):
 
 class EpisodeWritten(Message):
     episode_id: int
+    # refused as a near-duplicate: episode_id is the live episode it duplicates
+    duplicate: bool = False
 
 
 class AddFact(Message):
@@ -261,7 +298,7 @@ class AddFact(Message):
 
 class FactWritten(Message):
     fact_id: int
-    action: Literal["insert", "reinforce", "supersede", "keep"]
+    action: Literal["insert", "reinforce", "supersede", "keep", "duplicate"]
 
 
 class AddPortrait(Message):
@@ -275,6 +312,30 @@ class PortraitWritten(Message):
     portrait_id: int
 
 
+class WriteDigests(Message):
+    """Digests to add and expired ones to delete (the synthesis job's digest step,
+    ``runtime.digests``); a monthly is never deleted."""
+
+    batch: DigestBatch
+    writer: str = Field(default="synthesis", min_length=1, max_length=80)
+
+
+class DigestsWritten(Message):
+    digest_ids: list[int]
+
+
+class UpdateProfile(Message):
+    """Profile operations (``runtime.user_profile``), applied all or nothing."""
+
+    ops: list[ProfileOp] = Field(min_length=1, max_length=100)
+    source: str = Field(default="user", min_length=1, max_length=80)
+    writer: str = Field(default="cli", min_length=1, max_length=80)
+
+
+class ProfileUpdated(Message):
+    changes: list[str]
+
+
 class TouchEpisodes(Message):
     """These episodes were recalled and used in an answer: their decay restarts
     (``last_relevant_at``). Fire and forget, from Turns to Episodes."""
@@ -283,17 +344,38 @@ class TouchEpisodes(Message):
     at: float | None = None
 
 
+class UpdateThread(Message):
+    """Resolve or escalate an episode's open thread (``runtime.threads``: the
+    consolidate and decay jobs)."""
+
+    change: ThreadChange
+    writer: str = Field(default="consolidate", min_length=1, max_length=80)
+
+
+class AddMood(Message):
+    """A new reading of the companion's mood (``runtime.mood``: the consolidate job)."""
+
+    mood: MoodIn
+    writer: str = Field(default="consolidate", min_length=1, max_length=80)
+
+
+class MoodWritten(Message):
+    mood_id: int
+
+
 class ChangeMemory(Message):
     """Disable (hide from recall, reversible), enable, or delete (for good: its
     text, vector and keyword rows go; the write log keeps only that it was
     deleted, when and by whom) one memory: ``turn:12``, ``episode:3``,
     ``fact:7``; or pin it (memory level ``seared``: it never fades) or unpin it
     (a pinned one becomes ``vivid``). Only episodes and facts have a level:
-    pinning a turn is refused. Answered by the owner of the ref's kind
-    (``OWNERS``)."""
+    pinning a turn is refused. ``sensitive`` / ``not_sensitive`` set or clear
+    any memory's sensitive mark (``runtime.privacy``). Answered by the owner of
+    the ref's kind (``OWNERS``)."""
 
     ref: Ref
-    change: Literal["disable", "enable", "delete", "pin", "unpin"]
+    change: Literal["disable", "enable", "delete", "pin", "unpin", "sensitive",
+                    "not_sensitive"]
     writer: str = Field(default="cli", min_length=1, max_length=80)
 
 
@@ -329,6 +411,8 @@ class BrowseMemories(Message):
     oldest_first: bool = False
     limit: int = Field(default=50, ge=1, le=500)
     offset: int = Field(default=0, ge=0, le=1_000_000)
+    # [since, until) bounds when each happened instead (runtime.browse.DATED): the timeline
+    dated: bool = False
 
 
 class MemoryView(Message):
@@ -346,6 +430,8 @@ class MemoryView(Message):
     source: str | None = None
     speaker: str | None = None        # turns: who spoke (or the role)
     details: dict[str, Any] = Field(default_factory=dict)  # kind-specific fields
+    sensitive: bool = False           # runtime.privacy: codes, health, money
+    person: str | None = None         # whose memory it is (None: the household's)
 
 
 class MemoryPage(Message):

@@ -22,6 +22,8 @@ from actors.messages import (
     MemoryMatches,
     MemoryPage,
     MemoryView,
+    NearestFound,
+    NearestMemory,
     Recall,
     Recalled,
     SyncIndex,
@@ -30,6 +32,7 @@ from actors.messages import (
 from runtime import browse as browsing
 from runtime.clock import household_zone
 from runtime.config import Settings
+from runtime.duplicates import IndexFinder
 from runtime.fact_kinds import FactKinds
 from runtime.indexing import Indexer
 from runtime.recall import Recaller
@@ -55,6 +58,7 @@ class RecallActor:
                                  FactKinds.load(settings.memory.fact_kinds_file),
                                  settings.recall, self.store.clock,
                                  zone=household_zone(settings.household.timezone))
+        self.duplicates = IndexFinder(self.store, self.index, self.embedder)
         self.indexer.drop_stale_models()
         self._unsaved = self.indexer.sync()  # catch up with rows written while down
 
@@ -63,7 +67,7 @@ class RecallActor:
         started = time.perf_counter()
         found = Recalled.of(self.recaller.recall(
             msg.query, now=msg.now, max_items=msg.max_items, max_tokens=msg.max_tokens,
-            exclude=msg.exclude))
+            exclude=msg.exclude, person=msg.person))
         metrics.recall_latency((time.perf_counter() - started) * 1000)
         return found
 
@@ -113,6 +117,17 @@ class RecallActor:
             MemoryMatch(ref=str(m.ref), text=m.text, created_at=m.created_at,
                         disabled=bool(m.disabled)) for m in found])
 
+    def nearest(self, msg: NearestMemory) -> NearestFound:
+        """The live memory nearest to a text, for the writers' near-duplicate
+        check (``runtime.duplicates``); rows written but not yet indexed are
+        indexed first, so a duplicate written a moment ago is found."""
+        msg = accept(NearestMemory, msg)
+        self._unsaved += self.indexer.sync(kinds=(msg.kind,))  # not the turns' backlog
+        found = self.duplicates.nearest(msg.kind, msg.text, msg.subject)
+        if found is None:
+            return NearestFound(item_id=None)
+        return NearestFound(item_id=found.item_id, similarity=found.similarity)
+
     def browse(self, msg: BrowseMemories) -> MemoryPage:
         """A page of memories for people to look through (runtime.browse)."""
         msg = accept(BrowseMemories, msg)
@@ -144,4 +159,5 @@ def _view(view: browsing.View) -> MemoryView:
     return MemoryView(ref=view.ref, kind=view.kind, item_id=view.item_id, text=view.text,
                       created_at=view.created_at, disabled=view.disabled, pinned=view.pinned,
                       level=view.level, channel=view.channel, source=view.source,
-                      speaker=view.speaker, details=view.details)
+                      speaker=view.speaker, details=view.details,
+                      sensitive=view.sensitive, person=view.person)

@@ -1,22 +1,40 @@
 """A job's writes in the actor runtime: each goes to the actor that owns its table.
 
 :class:`RemoteWriter` satisfies ``runtime.job_context.MemoryWriter`` (as
-:class:`runtime.memory.Memory` does in-process): ``add_episode`` goes to the
-Episodes actor, ``add_fact`` and ``add_portrait`` to Graph, ``compact`` to
-Transcript, ``change`` to the owner of the ref's kind (``actors.common.OWNERS``,
-as ``reverie forget`` does), through the typed clients, so the single-writer
-rule holds for jobs too. A refused write
-raises ``BadRequest`` (a muted source, an unknown kind), as it would in-process.
+:class:`runtime.memory.Memory` does in-process): ``add_episode``,
+``update_thread`` and ``add_mood`` go to the Episodes actor, ``add_fact``,
+``add_portrait``, ``write_digests`` and ``update_profile`` to Graph,
+``compact`` to Transcript, ``change`` to the
+owner of the ref's kind (``actors.common.OWNERS``, as ``reverie forget``
+does), through the typed clients, so the single-writer rule holds for jobs
+too. A refused write raises ``BadRequest`` (a muted source, an unknown kind),
+as it would in-process.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from actors.handles import CALL_TIMEOUT_S, EpisodesClient, GraphClient, TranscriptClient
-from actors.messages import AddEpisode, AddFact, AddPortrait, ChangeMemory, Compact
+from actors.messages import (
+    AddEpisode,
+    AddFact,
+    AddMood,
+    AddPortrait,
+    ChangeMemory,
+    Compact,
+    UpdateProfile,
+    UpdateThread,
+    WriteDigests,
+)
+from runtime.digests import DigestBatch
 from runtime.episodes import EpisodeIn
 from runtime.facts import FactIn, Resolution
+from runtime.mood import MoodIn
 from runtime.portrait import PortraitIn
 from runtime.refs import Action, Ref
+from runtime.threads import ThreadChange
+from runtime.user_profile import ProfileOp
 
 
 class RemoteWriter:
@@ -33,7 +51,8 @@ class RemoteWriter:
         the id now current and the action; for ``reinforce`` and ``keep`` that id
         is the existing fact's (the history row of a lost claim is not reported)."""
         written = self.graph.add(AddFact(fact=fact, writer=writer))
-        existing = written.fact_id if written.action in ("reinforce", "keep") else None
+        existing = (written.fact_id if written.action in ("reinforce", "keep", "duplicate")
+                    else None)
         return written.fact_id, Resolution(written.action, existing)
 
     def compact(self, channel: str, summary: str, watermark: int, writer: str) -> int:
@@ -52,3 +71,16 @@ class RemoteWriter:
     def add_portrait(self, portrait: PortraitIn, writer: str) -> int:
         return self.graph.add_portrait(AddPortrait(portrait=portrait,
                                                    writer=writer)).portrait_id
+
+    def write_digests(self, batch: DigestBatch, writer: str) -> list[int]:
+        return self.graph.write_digests(WriteDigests(batch=batch, writer=writer)).digest_ids
+
+    def update_profile(self, ops: Sequence[ProfileOp], source: str, writer: str) -> list[str]:
+        return self.graph.update_profile(UpdateProfile(ops=list(ops), source=source,
+                                                       writer=writer)).changes
+
+    def update_thread(self, change: ThreadChange, writer: str) -> None:
+        self.episodes.update_thread(UpdateThread(change=change, writer=writer))
+
+    def add_mood(self, mood: MoodIn, writer: str) -> int:
+        return self.episodes.add_mood(AddMood(mood=mood, writer=writer)).mood_id

@@ -56,13 +56,16 @@ class TranscriptActor:
         memory is its source profile's decision, taken by the service."""
         msg = accept(AppendTurns, msg)
         cites = msg.citations or [[] for _ in msg.turns]
+        calls = msg.tool_calls or [[] for _ in msg.turns]
         try:
             with self.store.write_transaction():
                 ids = []
-                for turn, refs in zip(msg.turns, cites, strict=True):
+                for turn, refs, made in zip(msg.turns, cites, calls, strict=True):
                     turn_id = self.transcript.append(turn, msg.writer)
                     if refs:
                         self.transcript.set_citations(turn_id, refs, msg.writer)
+                    if made:
+                        self.transcript.add_tool_calls(turn_id, made, msg.writer)
                     ids.append(turn_id)
         except (ValidationError, ValueError) as exc:
             raise bad_request(exc) from None
@@ -87,10 +90,11 @@ class TranscriptActor:
     def recent(self, msg: RecentTurns) -> TurnList:
         msg = accept(RecentTurns, msg)
         rows = self.store.rows(
-            "SELECT id, channel, source, role, speaker, content, created_at, disabled"
-            " FROM transcript"
+            "SELECT id, channel, source, role, speaker, content, created_at, disabled,"
+            " sensitive FROM transcript"
             " WHERE channel = ? ORDER BY id DESC LIMIT ?", (msg.channel, msg.limit))
-        return TurnList(turns=[TurnRow(**{**r, "disabled": bool(r["disabled"])})
+        return TurnList(turns=[TurnRow(**{**r, "disabled": bool(r["disabled"]),
+                                          "sensitive": bool(r["sensitive"])})
                                for r in reversed(rows)])
 
     def change(self, msg: ChangeMemory) -> Ack:

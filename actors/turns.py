@@ -6,8 +6,15 @@ with the bootstrap persona files, the household's portrait (the latest
 version, read from the store and cached by version: ``runtime.portrait``;
 seeded channels only), the recalled memories and the household's local time,
 answered by the language model, and the reply is written with the
-refs of the memories the model was given (its citations), in one call. A
-temporary turn writes nothing at all.
+refs of the memories the model was given (its citations), in one call. What
+the model is given (recalled memories, the channel's history) passes the
+privacy rules for this speaker on this channel (``runtime.privacy``); a reply
+given a sensitive memory is stored sensitive. A
+temporary turn writes nothing at all. On a channel with ``injection = "pull"``
+the prompt carries a stable memory index and a capped auto-recall instead of
+the recalled memories, and the model reads more with the recall tool, answered
+by the Recall actor (``runtime.pull``); its calls are written with the reply,
+and what they returned joins its citations.
 
 A turn re-sent with the request id of one already answered (a caller's retry,
 or the Cron actor firing a scheduled prompt again after a crash) is answered
@@ -35,14 +42,27 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 from pydantic import ValidationError
 
 from actors import metrics
-from actors.common import BadRequest, accept, bad_request, open_store, setup_logging
-from actors.handles import CronClient, EpisodesClient, RecallClient, TranscriptClient
+from actors.common import (
+    BadRequest,
+    accept,
+    bad_request,
+    load_profiles,
+    open_store,
+    setup_logging,
+)
+from actors.handles import (
+    CronClient,
+    EpisodesClient,
+    GraphClient,
+    RecallClient,
+    TranscriptClient,
+)
 from actors.messages import (
     Activity,
     AppendTurns,
@@ -54,15 +74,21 @@ from actors.messages import (
     TurnReply,
     UserTurn,
 )
+from actors.remember_turn import TurnRemembering, with_acknowledgement
+from runtime import privacy
 from runtime.clock import Clock, SystemClock, household_zone, local_datetime
 from runtime.config import ChannelSettings, Settings
-from runtime.llm import AllProvidersFailed, ChatMessage, LLMError, LLMRequest, make_llm
+from runtime.digests import TrajectoryReader
+from runtime.llm import AllProvidersFailed, ChatMessage, Completion, LLMError, LLMRequest, make_llm
 from runtime.llm_queue import LLMHealth
+from runtime.mood import MoodReader
 from runtime.persona import PersonaLoader
 from runtime.portrait import PortraitLine, PortraitReader
 from runtime.prompt import build_messages
+from runtime.pull import RECALL_TOOL, MemoryIndex, Shown, auto_recall, pull_answer
 from runtime.store import Store
-from runtime.transcript import MAX_TURN_CHARS, TurnIn
+from runtime.transcript import MAX_TURN_CHARS, ToolCallIn, TurnIn
+from runtime.user_profile import ProfileReader
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +108,15 @@ class _Prepared:
     memories: list[MemoryItem]
     degraded: bool
     request: LLMRequest
+    pull: bool = False  # a pull channel's turn (runtime.pull)
+    pulled: list[MemoryItem] = field(default_factory=list)  # what its recall tool returned
+    tool_calls: list[ToolCallIn] = field(default_factory=list)
+    exclude: list[str] = field(default_factory=list)  # in the prompt already: not recalled
+
+    def used(self) -> list[MemoryItem]:
+        """The memories given to the model: in the prompt, then pulled by its tool."""
+        shown = {m.ref for m in self.memories}
+        return [*self.memories, *(m for m in self.pulled if m.ref not in shown)]
 
 
 class ChannelQueue:
@@ -138,9 +173,18 @@ class TurnsActor:
         self.recall = RecallClient(namespace, CALL_TIMEOUT_S)
         self.cron = CronClient(namespace, CALL_TIMEOUT_S)
         self.episodes = EpisodesClient(namespace, CALL_TIMEOUT_S)
+        # "remember: ..." in a turn: stored during the turn (actors.remember_turn)
+        self.remembering = TurnRemembering(GraphClient(namespace, CALL_TIMEOUT_S), self.recall,
+                                           load_profiles(settings), self.clock)
         self.channels = ChannelQueue(partial(metrics.queue_depth, "turns_waiting"))
         # its own read connection, opened on the first seeded turn
         self.portrait = PortraitReader(partial(open_store, settings, self.clock))
+        self.mood = MoodReader(partial(open_store, settings, self.clock))  # its own connection
+        # the user profile and the trajectory (digests), read connections of their own
+        self.profile = ProfileReader(partial(open_store, settings, self.clock))
+        self.trajectory = TrajectoryReader(partial(open_store, settings, self.clock))
+        # a pull channel's stable memory index (runtime.pull), its own read connection
+        self.memory_index = MemoryIndex(partial(open_store, settings, self.clock))
         # a read connection for re-sent turns (those with a caller's request id),
         # opened on the first one
         self._replies: Store | None = None
@@ -173,7 +217,7 @@ class TurnsActor:
                 return answered
             prepared = self._prepare(msg, channel, user_turn)
             try:
-                completion = self.llm.complete(prepared.request, prefer=msg.model)
+                completion = self._complete(prepared, msg.model)
                 text, provider = completion.text, completion.provider
             except AllProvidersFailed as exc:
                 log.error("no language model answered: %s", exc)
@@ -195,7 +239,7 @@ class TurnsActor:
             pieces: list[str] = []
             provider = "none"
             try:
-                for name, piece in self.llm.stream(prepared.request, prefer=msg.model):
+                for name, piece in self._streamed(prepared, msg.model):
                     provider = name
                     pieces.append(piece)
                     yield TurnDelta(text=piece)
@@ -238,11 +282,15 @@ class TurnsActor:
             # does not wait behind the embedding of the very turn it answers).
             turn_id = self.transcript.append(
                 AppendTurns(turns=[user_turn], index_now=not seeding)).ids[0]
+        stored = self.remembering.store(user_turn, turn_id)
 
         history = self.transcript.recent(
             RecentTurns(channel=msg.channel, limit=self.settings.runtime.history_turns + 1))
-        past = [t for t in history.turns
-                if t.id != turn_id and not t.disabled][-self.settings.runtime.history_turns:]
+        # privacy: what this speaker on this channel may be told (runtime.privacy)
+        who = privacy.audience(self.settings, channel, msg.speaker)
+        past = privacy.history_for_audience(
+            [t for t in history.turns if t.id != turn_id and not t.disabled],
+            who)[-self.settings.runtime.history_turns:]
 
         memories: list[MemoryItem] = []
         degraded = False
@@ -253,35 +301,85 @@ class TurnsActor:
             finally:
                 if turn_id is not None:
                     self._index_soon()
-            memories = recalled.items
+            memories = privacy.for_audience(recalled.items, who)
             degraded = recalled.degraded
 
-        messages = build_messages(
-            self.persona.load(), memories,
+        in_prompt: list[MemoryItem] | list[Shown] = memories
+        index = ""
+        if seeding and channel.injection == "pull":  # index, tool and auto-recall
+            memories, in_prompt = auto_recall(memories)
+            index = self.memory_index.text(self.portrait.lines())
+        messages = with_acknowledgement(build_messages(
+            self.persona.load(), in_prompt,
             [_as_message(t.role, t.content) for t in past],
             msg.text, local_datetime(self.clock, self.zone),
-            portrait=self._portrait(channel))
-        request = LLMRequest(messages=messages, memories=[m.text for m in memories])
-        return _Prepared(msg, user_turn, turn_id, memories, degraded, request)
+            portrait=self._portrait(channel), mode="pull" if index else "push", index=index,
+            context=self._context(msg, channel)),
+            stored)
+        request = LLMRequest(messages=messages, memories=[m.text for m in memories],
+                             remembered=stored,
+                             sensitive=[m.sensitive for m in memories],
+                             tools=[RECALL_TOOL] if index else [])
+        return _Prepared(msg, user_turn, turn_id, memories, degraded, request, pull=bool(index),
+                         exclude=[f"turn:{t.id}" for t in history.turns] if index else [])
+
+    def _complete(self, prepared: _Prepared, prefer: str | None) -> Completion:
+        """The model's answer; on a pull channel, after the recall calls it makes
+        (answered by Recall, for the same audience as the prompt: runtime.pull)."""
+        if not prepared.pull:
+            return self.llm.complete(prepared.request, prefer=prefer)
+        msg = prepared.msg
+        who = privacy.audience(self.settings, self.settings.channels[msg.channel], msg.speaker)
+        outcome = pull_answer(
+            prepared.request, partial(self.llm.complete, prefer=prefer),
+            lambda query, limit: privacy.for_audience(
+                self.recall.recall(Recall(query=query, max_items=limit,
+                                          exclude=prepared.exclude)).items, who))
+        prepared.pulled.extend(outcome.used)
+        prepared.tool_calls.extend(outcome.calls)
+        return outcome.completion
+
+    def _streamed(self, prepared: _Prepared, prefer: str | None) -> Iterator[tuple[str, str]]:
+        """``(provider, piece)`` of the model's answer as it streams; a pull
+        channel's tool rounds are whole answers, so its answer comes in one piece."""
+        if not prepared.pull:
+            yield from self.llm.stream(prepared.request, prefer=prefer)
+            return
+        completion = self._complete(prepared, prefer)
+        yield completion.provider, completion.text
+
+    def _context(self, msg: UserTurn, channel: ChannelSettings) -> list[str]:
+        """The user profile (directives in scope of the turn's channel and speaker)
+        and, on a seeded channel, the trajectory and the mood; nothing on a
+        background channel."""
+        if channel.background:
+            return []
+        who = privacy.audience(self.settings, channel, msg.speaker)  # a guest: directives only
+        return [self.profile.section(msg.channel, msg.speaker,
+                                     stranger=who.spoken and not who.known),
+                self.trajectory.section() if channel.seed else "",
+                self.mood.line(self.clock.now()) if channel.seed else ""]  # runtime.mood
 
     def _portrait(self, channel: ChannelSettings) -> list[PortraitLine]:
         """The household's portrait for a seeded channel's prompt (none on a
         background channel, nor when it cannot be read)."""
-        if not channel.seed or channel.background:
-            return []
+        if not channel.seed or channel.background or channel.injection == "pull":
+            return []  # a pull channel has the portrait's first line in its index
         return self.portrait.lines()
 
     def _finish(self, prepared: _Prepared, text: str, provider: str) -> TurnReply:
-        msg, memories = prepared.msg, prepared.memories
+        msg, memories = prepared.msg, prepared.used()
         citations = [m.ref for m in memories]
         reply_id: int | None = None
         if not msg.temporary:
             reply = TurnIn(channel=msg.channel, source=ASSISTANT_SOURCE, role="assistant",
                            content=(text or "…")[:MAX_TURN_CHARS],
-                           request_id=f"reply-{prepared.user_turn.request_id}")
+                           request_id=f"reply-{prepared.user_turn.request_id}",
+                           sensitive=any(m.sensitive for m in memories))
             # the reply and its citations: one call, one transaction
+            calls = [prepared.tool_calls] if prepared.tool_calls else None
             reply_id = self.transcript.append(
-                AppendTurns(turns=[reply], citations=[citations])).ids[0]
+                AppendTurns(turns=[reply], citations=[citations], tool_calls=calls)).ids[0]
             self._touch_used(memories)
         return TurnReply(turn_id=prepared.turn_id, reply_id=reply_id, text=text,
                          citations=citations, provider=provider,

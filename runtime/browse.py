@@ -21,6 +21,9 @@ and is purged within 30 days anyway (:func:`get` still shows it). Compaction
 summaries are continuity notes for the prompt, not memories, and are not
 listed.
 
+Every view carries its privacy mark and owner (``sensitive``, ``person``:
+:mod:`runtime.privacy`); browsing is for the household, so nothing is hidden.
+
 How each reads (``text``): a turn ``speaker: content`` (the role when no
 speaker), an episode its gist, a fact as recall renders it without its dates
 (:func:`runtime.recall.render_fact`: a user's note reads as its sentence,
@@ -31,9 +34,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, Protocol, cast
 
+from runtime import privacy
 from runtime.decay import MemoryLevel, episode_weight
 from runtime.recall import USER_SUBJECT, _reads_alone
 from runtime.refs import Kind, Ref, all_terms
@@ -64,6 +68,8 @@ class BrowseParams(Protocol):
     def limit(self) -> int: ...
     @property
     def offset(self) -> int: ...
+    @property
+    def dated(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -78,6 +84,7 @@ class Browse:
     oldest_first: bool = False
     limit: int = 50
     offset: int = 0
+    dated: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,8 @@ class View:
     source: str | None = None
     speaker: str | None = None
     details: dict[str, Any] = field(default_factory=dict)
+    sensitive: bool = False  # runtime.privacy: codes, health, money
+    person: str | None = None  # whose memory it is (None: the household's)
 
 
 # kind -> (table, FTS table, the time it was written, the rows browsing lists)
@@ -104,6 +113,11 @@ _TABLES: dict[str, tuple[str, str, str, str]] = {
     "episode": ("episodes", "episodes_fts", "created_at", "tombstoned_at IS NULL"),
     "fact": ("facts", "facts_fts", "recorded_at", "1"),
 }
+# With ``dated`` (the timeline), when each memory happened: a turn when it was
+# said, an episode when its conversation started, a fact when it became true
+# (``valid_from``: for an extracted fact, the time of the turn it came from).
+DATED = {"turn": "created_at", "episode": "coalesce(started_at, created_at)",
+         "fact": "valid_from"}
 # Ties in time are broken by kind, then id, so pages never overlap or skip.
 _KIND_ORDER = {"turn": 0, "episode": 1, "fact": 2}
 
@@ -126,6 +140,7 @@ def browse(store: Store, params: BrowseParams) -> tuple[list[View], int]:
     args: list[Any] = []
     for kind in kinds:
         table, fts, when, listed = _TABLES[kind]
+        when = DATED[kind] if params.dated else when
         where = [listed]
         if not params.include_disabled:
             where.append("disabled = 0")
@@ -173,6 +188,12 @@ def _views(store: Store, keys: list[tuple[str, int]]) -> list[View]:
 
 
 def _view(kind: Kind, row: Row, now: float) -> View:
+    view = _plain_view(kind, row, now)
+    return replace(view, sensitive=bool(row.get("sensitive")),
+                   person=privacy.row_person(kind, row))
+
+
+def _plain_view(kind: Kind, row: Row, now: float) -> View:
     item_id = int(row["id"])
     ref = f"{kind}:{item_id}"
     disabled = bool(row["disabled"])

@@ -130,8 +130,16 @@ class RecallSettings(_Section):
     weight_relevance: float = Field(default=1.0, ge=0.0)
     weight_recency: float = Field(default=0.05, ge=0.0)
     weight_salience: float = Field(default=0.10, ge=0.0)
+    # an open thread's episode ranks higher until resolved (hot: all of it;
+    # simmering: half); mood-congruent episodes rise a little (runtime.mood)
+    weight_thread: float = Field(default=0.10, ge=0.0, le=1.0)
+    weight_mood: float = Field(default=0.05, ge=0.0, le=1.0)
     context_turns: int = Field(default=1, ge=0, le=5)
     fallback_items: int = Field(default=20, ge=1, le=200)
+    # at most this many seared memories in one recall (clanka: "a couple")
+    max_seared: int = Field(default=2, ge=0, le=20)
+    # temporal recall (runtime.temporal_recall): a time the query names ranks its memories first
+    temporal: bool = True
 
 
 class ProviderSettings(_Section):
@@ -157,6 +165,10 @@ class HouseholdSettings(_Section):
 
     # An IANA zone name ("Europe/Lisbon"); empty: the system's zone.
     timezone: str = ""
+    # The household's people, by the names speakers are given (compared
+    # case-insensitively): a speaker among them (or among the people
+    # ``[mqtt.people]`` maps sensors onto) is known (runtime.privacy).
+    people: list[str] = Field(default_factory=list, max_length=100)
 
     @field_validator("timezone")
     @classmethod
@@ -189,15 +201,27 @@ class RuntimeSettings(_Section):
 
 class ChannelSettings(_Section):
     """A conversation channel. ``seed``: turn-zero recall runs on its user turns;
-    ``background``: no user is present (jobs), never seeded."""
+    ``background``: no user is present (jobs), never seeded. ``injection``: how
+    memory reaches the model, ``push`` (the recalled memories in the prompt) or
+    ``pull`` (a stable index, a recall tool and a capped auto-recall:
+    ``runtime.pull``); pull needs a seeded foreground channel."""
 
     seed: bool = True
     background: bool = False
+    injection: Literal["push", "pull"] = "push"
+    # answers are read aloud: no sensitive memory for an unknown speaker (runtime.privacy)
+    spoken: bool = False
+
+    @model_validator(mode="after")
+    def _pull_is_seeded(self) -> ChannelSettings:
+        if self.injection == "pull" and (not self.seed or self.background):
+            raise ValueError('injection = "pull" needs seed = true and background = false')
+        return self
 
 
 def _default_channels() -> dict[str, ChannelSettings]:
     return {
-        "chat": ChannelSettings(), "voice": ChannelSettings(), "cli": ChannelSettings(),
+        "chat": ChannelSettings(), "voice": ChannelSettings(spoken=True), "cli": ChannelSettings(),
         "dmn": ChannelSettings(seed=False, background=True),
     }
 
@@ -354,6 +378,9 @@ class ReplicaSettings(_Section):
 class MemorySettings(_Section):
     profiles_file: Path = CONFIG_DIR / "profiles.toml"
     fact_kinds_file: Path = CONFIG_DIR / "fact_kinds.toml"
+    # a new episode or fact at least this cosine-similar to a live one of its kind
+    # is refused as a near-duplicate (runtime.duplicates); above 1: never refused
+    duplicate_similarity: float = Field(default=0.92, ge=0.5, le=1.01)
 
 
 class HttpSettings(_Section):
@@ -488,6 +515,14 @@ class ResearchSettings(_Section):
         return out
 
 
+class ThreadSettings(_Section):
+    """Open threads (``runtime.threads``): when one left open is escalated, and
+    how close a closing sentence must be to resolve one offline."""
+
+    escalate_after_days: float = Field(default=3.0, gt=0, le=3650)
+    resolve_similarity: float = Field(default=0.45, ge=-1.0, le=1.0)  # cosine
+
+
 class Settings(_Section):
     store: StoreSettings = StoreSettings()
     embedder: EmbedderSettings = EmbedderSettings()
@@ -505,6 +540,7 @@ class Settings(_Section):
     http: HttpSettings = HttpSettings()
     sync: SyncSettings = SyncSettings()
     research: ResearchSettings = ResearchSettings()
+    threads: ThreadSettings = ThreadSettings()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @model_validator(mode="after")

@@ -1,6 +1,7 @@
 """The ``consolidate`` job: distil transcript windows into leaf episodes
-(:mod:`runtime.distil`), then roll episodes up into topics and eras
-(:mod:`runtime.rollup`).
+(:mod:`runtime.distil`, which also opens and resolves threads), take the next
+reading of the mood (:mod:`runtime.mood`), then roll episodes up into topics
+and eras (:mod:`runtime.rollup`).
 
 Both parts commit batch by batch and resume where they stopped; the roll-up
 runs only when distillation finished within the time budget.
@@ -12,6 +13,7 @@ import logging
 
 from runtime.distil import distil
 from runtime.job_context import JobContext, JobResult
+from runtime.mood import update_mood
 
 log = logging.getLogger(__name__)
 
@@ -22,6 +24,9 @@ def run(ctx: JobContext) -> JobResult:
     from runtime.rollup import roll_up  # UMAP and HDBSCAN load only when the job runs
 
     first = distil(ctx)
+    moods, mood_detail = update_mood(ctx)  # from the turns distilled or not: cheap
+    first = JobResult(items=first.items + moods, detail=f"{first.detail}; {mood_detail}",
+                      more=first.more)
     if first.more or ctx.out_of_time():
         return first
     second = roll_up(ctx)

@@ -22,6 +22,12 @@ times, and carries a gist, a salience (1-10) and an emotion:
   One that stays invalid for ``max_attempts`` runs, or falls off the
   queue's cap, is distilled offline: nothing is lost.
 
+Each episode may also open a thread (:mod:`runtime.threads`: something left
+unresolved; with a language model its answer names it, offline the rules of
+:func:`runtime.threads.detect` find it) and resolve the channel's earlier open
+threads that its window closes (the model's ``closes``, among the open threads
+listed after the evidence; offline a closing sentence close to the thread).
+
 Progress is committed window by window: the episode is written, then the
 channel's position (``job_state``). A crash in between is harmless: turns
 already cited by a leaf episode of the channel are not distilled again, and a
@@ -47,6 +53,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from runtime import privacy
 from runtime.clock import household_zone
 from runtime.emotion import LABELS, NEUTRAL, read_emotion
 from runtime.episodes import EpisodeIn
@@ -62,6 +69,9 @@ from runtime.llm import (
 )
 from runtime.llm_queue import PendingEntry, PendingQueue
 from runtime.profiles import MemoryProfiles
+from runtime.store import Row
+from runtime.threads import THREAD_WHAT_CHARS, ThreadKeeper, ThreadState, open_threads_text
+from runtime.threads import detect as detect_thread
 
 log = logging.getLogger(__name__)
 
@@ -305,12 +315,20 @@ class Distilled:
     salience: int
     emotion: str
     how: Literal["offline", "llm"]
+    # an open thread it leaves (runtime.threads), and the earlier threads it
+    # closes (None: judged by the offline rule)
+    thread: ThreadState | None = None
+    thread_what: str | None = None
+    closes: tuple[int, ...] | None = None
 
 
 def offline_distil(turns: Sequence[Turn], params: DistilParams) -> Distilled:
     text = "\n".join(t.content for t in turns)
+    found = detect_thread(turns)
     return Distilled(extractive_gist(turns, params.gist_chars), offline_salience(turns),
-                     read_emotion(text).label, "offline")
+                     read_emotion(text).label, "offline",
+                     None if found is None else found.state,
+                     None if found is None else found.what)
 
 
 # --------------------------------------------------------------------------- LLM
@@ -325,6 +343,12 @@ class DistilOut(BaseModel):
                       description="1-3 sentences, third person, names/places/dates as said")
     salience: int = Field(ge=1, le=10, description="1 small talk ... 10 life-changing")
     emotion: Literal["joy", "sadness", "anger", "fear", "surprise", "love", "neutral"]  # = EMOTIONS
+    thread: Literal["simmering", "hot"] | None = Field(
+        default=None, description="something left unresolved: simmering, hot (urgent) or null")
+    thread_what: str | None = Field(default=None, max_length=THREAD_WHAT_CHARS,
+                                    description="the words of what is left unresolved")
+    closes: list[int] = Field(default_factory=list, max_length=50,
+                              description="ids of the listed open threads this closes")
 
     @field_validator("gist")
     @classmethod
@@ -347,7 +371,11 @@ _SYSTEM = (
     "gist: one to three sentences, at most 400 characters, in the third person, naming "
     "the speakers and keeping names, places, dates and numbers exactly as they were said; "
     "nothing that is not in the evidence. salience: 1 for small talk up to 10 for a "
-    "life-changing event. emotion: the dominant emotion of the conversation."
+    "life-changing event. emotion: the dominant emotion of the conversation. thread: "
+    "when the conversation leaves something unresolved (a plan or promise not kept yet, "
+    "a question left unanswered), hot if urgent, else simmering, with thread_what its "
+    "words; otherwise null. closes: the ids of the open threads listed after the "
+    "evidence that this conversation resolves (done, answered, no longer needed)."
 )
 _RETRY = ("That answer was not a valid JSON object for the schema ({why}). Answer again "
           "with only the JSON object.")
@@ -390,14 +418,16 @@ class Distiller:
         provider = next((p for p in self.llm.providers if p.name == completion.provider), None)
         return provider is None or bool(getattr(provider, "last_resort", False))
 
-    def distil(self, turns: Sequence[Turn]) -> Distilled:
+    def distil(self, turns: Sequence[Turn], threads: Sequence[Row] = ()) -> Distilled:
         """Raises :class:`InvalidOutput` (queue it) or
-        :class:`~runtime.llm.AllProvidersFailed` (no provider answered)."""
+        :class:`~runtime.llm.AllProvidersFailed` (no provider answered).
+        ``threads``: the channel's open threads, which the model may close."""
         if self.offline:
             return offline_distil(turns, self.params)
         schema = json.dumps(DistilOut.model_json_schema(), separators=(",", ":"))
         messages = [ChatMessage(role="system", content=_SYSTEM.format(schema=schema)),
-                    ChatMessage(role="user", content=self.evidence(turns))]
+                    ChatMessage(role="user", content=self.evidence(turns)
+                                + open_threads_text(threads))]
         why = ""
         for attempt in range(2):
             completion = self._ask(messages)
@@ -415,7 +445,9 @@ class Distiller:
                             ChatMessage(role="assistant", content=completion.text[:2000]),
                             ChatMessage(role="user", content=_RETRY.format(why=why))]
                 continue
-            return Distilled(_clip(out.gist, 800), out.salience, out.emotion, "llm")
+            what = out.thread_what or (None if out.thread is None else _clip(out.gist, 300))
+            return Distilled(_clip(out.gist, 800), out.salience, out.emotion, "llm",
+                             out.thread, what if out.thread else None, tuple(out.closes))
         raise InvalidOutput(why)
 
 
@@ -442,6 +474,7 @@ class _Run:
     down: bool = False  # no provider answered (and no offline fallback): queue the rest
     recent: dict[str, list[str]] = field(default_factory=dict)
     keys: set[str] = field(default_factory=set)  # of the queued entries
+    threads: ThreadKeeper | None = None
 
     # -- reads ------------------------------------------------------------
 
@@ -461,6 +494,9 @@ class _Run:
             "SELECT max(watermark) FROM compactions WHERE channel = ?", (channel,))
         return 0 if value is None else int(value)
 
+    def open_threads(self, channel: str) -> list[Row]:
+        return [] if self.threads is None else self.threads.open_threads(channel)
+
     def position(self, channel: str) -> int:
         stored = get_state(self.ctx.store, JOB, _position_key(channel), 0)
         return max(int(stored), self.watermark(channel))
@@ -468,18 +504,23 @@ class _Run:
     # -- writes -----------------------------------------------------------
 
     def write(self, channel: str, turns: Sequence[Turn], distilled: Distilled) -> None:
-        self.ctx.writer.add_episode(EpisodeIn(
+        episode_id = self.ctx.writer.add_episode(EpisodeIn(
             channel=channel, source=episode_source(turns), gist=distilled.gist, level=0,
             salience=distilled.salience, emotion=distilled.emotion,
             cites=[t.id for t in turns], started_at=turns[0].created_at,
-            ended_at=turns[-1].created_at), WRITER)
+            ended_at=turns[-1].created_at, thread=distilled.thread,
+            thread_what=distilled.thread_what), WRITER)
+        if self.threads is not None:
+            self.threads.resolve(channel, episode_id, turns, distilled.closes)
         self.episodes += 1
         if distilled.how == "llm":
             self.by_llm += 1
         else:
             self.offline += 1
-        self.recent.setdefault(channel, []).append(distilled.gist)
-        del self.recent[channel][:-3]
+        if not privacy.cites_sensitive(self.ctx.store, [t.id for t in turns]):
+            # a sensitive gist never enters the continuity summary (runtime.privacy)
+            self.recent.setdefault(channel, []).append(distilled.gist)
+            del self.recent[channel][:-3]
 
     def enqueue(self, channel: str, turns: Sequence[Turn], error: str) -> None:
         entry = PendingEntry(
@@ -503,7 +544,7 @@ class _Run:
             self.enqueue(channel, turns, "unavailable")
             return
         try:
-            distilled = self.distiller.distil(turns)
+            distilled = self.distiller.distil(turns, self.open_threads(channel))
         except InvalidOutput:
             self.enqueue(channel, turns, "invalid_output")
             return
@@ -563,7 +604,7 @@ class _Run:
                 self.queue.remove(item)
                 continue
             try:
-                distilled = self.distiller.distil(turns)
+                distilled = self.distiller.distil(turns, self.open_threads(channel))
             except InvalidOutput:
                 if entry.attempts + 1 >= self.params.max_attempts:
                     distilled = offline_distil(turns, self.params)
@@ -653,6 +694,7 @@ def distil(ctx: JobContext, params: DistilParams | None = None) -> JobResult:
                PendingQueue.in_data_dir(ctx.settings.store.resolved_dir, params.queue_cap),
                Distiller(ctx.llm, params, zone))
     run.keys = run.queue.keys()
+    run.threads = ThreadKeeper(ctx)
     finished = run.retry_queue()
     if finished:
         channels = [r[0] for r in ctx.store.conn.execute(
@@ -664,6 +706,7 @@ def distil(ctx: JobContext, params: DistilParams | None = None) -> JobResult:
     pending = len(run.queue)
     detail = (f"distil: {run.episodes} episodes from {run.windows} windows "
               f"({run.by_llm} by LLM, {run.offline} offline), {run.queued} queued, "
-              f"{run.retried} retried, {pending} pending")
+              f"{run.retried} retried, {pending} pending, "
+              f"{run.threads.resolved} threads resolved")
     log.info(detail)
     return JobResult(items=run.episodes, detail=detail, more=not finished)

@@ -53,6 +53,7 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from runtime import privacy
 from runtime.clock import DAY, household_zone
 from runtime.episodes import EpisodeIn
 from runtime.extract_rules import SINGLE_RELATIONS
@@ -151,7 +152,8 @@ def _vectors(store: Store, ids: Sequence[int]) -> dict[int, np.ndarray]:
     return out
 
 
-_LIVE = ("disabled = 0 AND tombstoned_at IS NULL AND source != 'dmn' AND level <= 1")
+_LIVE = ("disabled = 0 AND tombstoned_at IS NULL AND source != 'dmn' AND level <= 1"
+         f" AND {privacy.SHAREABLE}")  # never a sensitive episode (runtime.privacy)
 
 
 def connections(store: Store, now: float, zone: tzinfo, p: DmnParams
@@ -226,9 +228,10 @@ def _cited_facts(store: Store) -> list[Row]:
             return []
         marks = ",".join("?" for _ in ids)
         return store.rows(f"SELECT * FROM facts WHERE id IN ({marks}) AND disabled = 0"
+                          f" AND {privacy.SHAREABLE}"
                           f" AND valid_to IS NULL ORDER BY id", ids)
     return store.rows("SELECT * FROM facts WHERE disabled = 0 AND valid_to IS NULL"
-                      " AND source != 'dmn' ORDER BY id")
+                      f" AND source != 'dmn' AND {privacy.SHAREABLE} ORDER BY id")
 
 
 _SINGLE_KEYS = tuple(sorted({v.replace(" ", "_") for v in SINGLE_RELATIONS.values()}))

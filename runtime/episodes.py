@@ -18,9 +18,12 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from runtime.decay import MEMORY_LEVELS, MemoryLevel, tombstone_expired
+from runtime import levels, privacy
+from runtime.decay import MemoryLevel, tombstone_expired
+from runtime.duplicates import DuplicateCheck, NearDuplicate
 from runtime.profiles import MemoryProfiles
 from runtime.store import Row, Store
+from runtime.threads import THREAD_WHAT_CHARS, ThreadState, thread_columns
 
 log = logging.getLogger(__name__)
 
@@ -46,28 +49,54 @@ class EpisodeIn(BaseModel):
     children: list[int] = Field(default_factory=list)
     started_at: float | None = Field(default=None, allow_inf_nan=False)
     ended_at: float | None = Field(default=None, allow_inf_nan=False)
+    # an open thread it holds (runtime.threads): its state and the words that opened it
+    thread: ThreadState | None = None
+    thread_what: str | None = Field(default=None, min_length=1, max_length=THREAD_WHAT_CHARS)
+    # privacy (runtime.privacy): sensitive also when it cites a sensitive turn or
+    # rolls up a sensitive episode; person: whose it is (None: from its turns)
+    sensitive: bool = False
+    person: str | None = Field(default=None, max_length=200)
 
 
 class EpisodeService:
-    def __init__(self, store: Store, profiles: MemoryProfiles) -> None:
+    def __init__(self, store: Store, profiles: MemoryProfiles,
+                 duplicates: DuplicateCheck | None = None) -> None:
         self.store = store
         self.profiles = profiles
+        self.duplicates = duplicates  # None: no near-duplicate check
 
     def add(self, episode: EpisodeIn, writer: str = WRITER) -> int:
-        """Store an episode and its citations; tombstone the children it rolls up."""
+        """Store an episode and its citations; tombstone the children it rolls up.
+        A leaf that duplicates a live episode raises
+        :class:`runtime.duplicates.NearDuplicate` naming it: nothing new is written,
+        but its cited turns join the kept episode's citations."""
         if not self.profiles.for_source(episode.source).episodes:
             raise MutedSource(f"source {episode.source!r} does not become episodes")
         if episode.level == 0 and episode.children:
             raise ValueError("a leaf episode has no children")
+        if episode.level == 0 and self.duplicates is not None:
+            duplicate = self.duplicates.episode(episode.gist)
+            if duplicate is not None:  # refused; a higher level it asks for is taken
+                kept = self.get(duplicate)
+                if kept is not None and levels.rank(episode.memory_level) > levels.rank(
+                        kept["memory_level"]):
+                    self.set_level(duplicate, episode.memory_level, writer)
+                if kept is not None:
+                    self._merge_cites(kept, episode, writer)
+                raise NearDuplicate("episode", duplicate)
         now = self.store.clock.now()
         with self.store.write_transaction():
+            sensitive, person = privacy.episode_marks(
+                self.store, episode.cites, episode.children, episode.sensitive, episode.person)
             episode_id = self.store.insert(writer, "episodes", {
+                "sensitive": int(sensitive), "person": person,
                 "channel": episode.channel, "source": episode.source,
                 "level": episode.level, "gist": episode.gist,
                 "salience": episode.salience, "emotion": episode.emotion,
                 "memory_level": episode.memory_level,
                 "started_at": episode.started_at, "ended_at": episode.ended_at,
                 "last_relevant_at": now, "created_at": now,
+                **thread_columns(episode.thread, episode.thread_what, episode.ended_at, now),
             })
             for turn_id in sorted(set(episode.cites)):
                 self.store.insert(writer, "episode_citations",
@@ -76,6 +105,22 @@ class EpisodeService:
                 self.store.update(writer, "episodes", child,
                                   {"parent_id": episode_id, "tombstoned_at": now})
         return episode_id
+
+    def _merge_cites(self, kept: Row, episode: EpisodeIn, writer: str) -> None:
+        """A refused leaf's turns are cited by the episode it repeats: they stay
+        evidence (never pruned as uncited), and a sensitive one marks it."""
+        with self.store.write_transaction():
+            have = {r["transcript_id"] for r in self.store.rows(
+                "SELECT transcript_id FROM episode_citations WHERE episode_id = ?",
+                (kept["id"],))}
+            new = sorted(set(episode.cites) - have)
+            for turn_id in new:
+                self.store.insert(writer, "episode_citations",
+                                  {"episode_id": kept["id"], "transcript_id": turn_id})
+            sensitive, _ = privacy.episode_marks(self.store, new, [], episode.sensitive,
+                                                 episode.person)
+            if sensitive and not kept["sensitive"]:
+                self.store.update(writer, "episodes", kept["id"], {"sensitive": 1})
 
     def touch(self, episode_ids: Iterable[int], at: float, writer: str = WRITER) -> int:
         """Episodes recalled and used in an answer become relevant again: their
@@ -100,11 +145,13 @@ class EpisodeService:
         return self.store.update(writer, "episodes", episode_id, {"disabled": int(disabled)})
 
     def set_level(self, episode_id: int, level: MemoryLevel, writer: str = WRITER) -> Row:
-        """Set an episode's memory level (``seared``: pinned, never fades)."""
-        if level not in MEMORY_LEVELS:
-            raise ValueError(f"memory level must be one of {', '.join(MEMORY_LEVELS)}, "
-                             f"not {level!r}")
-        return self.store.update(writer, "episodes", episode_id, {"memory_level": level})
+        """Set an episode's memory level (``seared``: pinned, never fades). Only
+        the user lowers a level (:mod:`runtime.levels`: ``LevelLowered``)."""
+        with self.store.write_transaction():
+            row = self.get(episode_id)
+            current = "normal" if row is None else str(row["memory_level"])
+            level = levels.allowed(current, level, writer)
+            return self.store.update(writer, "episodes", episode_id, {"memory_level": level})
 
     def edit(self, episode_id: int, gist: str, writer: str = WRITER) -> Row:
         """Rewrite an episode's gist (a user's correction), through the write log;

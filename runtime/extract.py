@@ -1,6 +1,6 @@
 """The ``facts`` job: new episodes and "remember: ..." turns become facts.
 
-Two inputs, each with its own progress in ``job_state``:
+Three inputs, each with its own progress in ``job_state``:
 
 - **"remember: ..." turns** (``remember: X``, ``remember that X``, from a
   source whose profile feeds facts): explicit, so they bypass quality gating.
@@ -8,6 +8,9 @@ Two inputs, each with its own progress in ``job_state``:
   they find nothing, X itself is a user-managed ``document`` note of the
   speaker, keyed by its topic (:func:`runtime.extract_rules.note_key`), so a
   later note on the same topic supersedes it.
+- **the user's profile instructions** ("remove X from my goals", "my goal is
+  to ...": :mod:`runtime.spoken_profile`) are applied to the profile first,
+  and their sentences are not read for facts;
 - **new leaf episodes**: the rules (:mod:`runtime.extract_rules`) read each
   cited turn whose source feeds facts, knowing its speaker. Disabled episodes
   and turns, and "remember" turns (already handled), are skipped.
@@ -16,6 +19,9 @@ Every fact cites its turn (``turn:N``), its episode (``episode:N``) and the
 rule that produced it (``rule:<name>``); it is valid from when the turn was
 said. Before it is written it must pass the word-for-word support check
 (:mod:`runtime.support`); those that fail are counted, not written.
+
+A "remember: ..." turn answered by the Turns actor was stored during the turn
+(:mod:`runtime.remember`): a fact citing it exists, so the job skips it.
 
 Near-duplicates reinforce: subjects match an existing subject regardless of
 case, keys are normalised by the rules, and a value equal to the current
@@ -53,12 +59,14 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from runtime import privacy
 from runtime.extract_rules import KIND_NOTE, Candidate, extract, note_key, remembered, slug
 from runtime.facts import FactIn
 from runtime.job_context import JobContext, JobResult
 from runtime.job_state import get_state, set_state
 from runtime.llm import ChatMessage, FallbackChain, LLMError, LLMRequest
 from runtime.profiles import MemoryProfiles
+from runtime.spoken_profile import apply_spoken, facts_text
 from runtime.store import Row, Store
 from runtime.support import missing_terms, turn_text
 
@@ -168,11 +176,13 @@ class FactsJob:
     def __call__(self, ctx: JobContext) -> JobResult:
         profiles = MemoryProfiles.load(ctx.settings.memory.profiles_file)
         tally = Tally()
+        applied = apply_spoken(ctx)  # the user's profile instructions: runtime.spoken_profile
         more = self._remember_turns(ctx, profiles, tally)
         if not more:
             more = self._episodes(ctx, profiles, tally)
-        log.info("facts job: %s", tally.detail())
-        return JobResult(items=tally.written, detail=tally.detail(), more=more)
+        detail = tally.detail() + (f"; profile: {applied} applied" if applied else "")
+        log.info("facts job: %s", detail)
+        return JobResult(items=tally.written + applied, detail=detail, more=more)
 
     # -- inputs -----------------------------------------------------------
 
@@ -187,7 +197,9 @@ class FactsJob:
             for turn in rows:
                 if ctx.out_of_time():
                     return True
-                planned = self._plan_remember(turn, profiles)
+                by_turn = cursor.get("at") != turn["id"] and stored_from_turn(
+                    ctx.store, turn["id"])  # stored during the turn (not a crashed run's)
+                planned = [] if by_turn else self._plan_remember(turn, profiles)
                 if planned:
                     tally.units["remember"] += 1
                 cursor = self._write_unit(ctx, "turns", cursor, turn["id"], planned, tally)
@@ -228,11 +240,12 @@ class FactsJob:
 
     def _plan_episode(self, ctx: JobContext, episode_id: int, profiles: MemoryProfiles,
                       tally: Tally) -> list[Planned]:
-        turns = [t for t in ctx.store.rows(
+        turns = [{**t, "content": facts_text(t["content"])} for t in ctx.store.rows(
             "SELECT t.* FROM episode_citations c JOIN transcript t ON t.id = c.transcript_id"
             " WHERE c.episode_id = ? AND t.disabled = 0 ORDER BY t.id", (episode_id,))
             if profiles.for_source(t["source"]).facts
-            and remembered(t["content"]) is None]  # explicit: written from the turn itself
+            and remembered(t["content"]) is None  # explicit: written from the turn itself
+            and facts_text(t["content"])]  # less profile instructions: applied, not facts
         use_llm = _real_llm(ctx.llm)
         out: list[Planned] = []
         for start in range(0, len(turns), EVIDENCE_PER_CALL):
@@ -287,7 +300,10 @@ class FactsJob:
         fact = FactIn(kind=cand.kind, subject=cand.subject, key=cand.key, value=cand.value,
                       confidence=1.0 if user_managed else cand.confidence,
                       source=turn["source"], provenance=provenance,
-                      valid_from=turn["created_at"], user_managed=user_managed)
+                      valid_from=turn["created_at"], user_managed=user_managed,
+                      # codes, health, money: proposed sensitive; the graph adds
+                      # its turn's mark and speaker (runtime.privacy)
+                      sensitive=privacy.proposed(cand.key, cand.value) is not None)
         return Planned(fact, turn_text(turn["speaker"], turn["content"]))
 
     # -- writing ----------------------------------------------------------
@@ -339,6 +355,22 @@ def _canonical(store: Store, fact: FactIn) -> FactIn:
     if subject == fact.subject and value == fact.value:
         return fact
     return fact.model_copy(update={"subject": subject, "value": value})
+
+
+def remember_facts(turn: Row, profiles: MemoryProfiles) -> list[FactIn]:
+    """What a "remember: ..." turn asks for, as this job writes it (its rules,
+    user-managed, citing the turn), less what the turn does not support: the
+    Turns actor stores these during the turn (``runtime.remember``)."""
+    return [p.fact for p in FactsJob()._plan_remember(turn, profiles)
+            if not missing_terms(p.fact.subject, p.fact.value, [p.evidence])]
+
+
+def stored_from_turn(store: Store, turn_id: int) -> bool:
+    """Whether a fact citing turn ``turn_id`` exists already (stored during the
+    turn itself): the job then does not store it a second time."""
+    return store.scalar(
+        "SELECT 1 FROM facts, json_each(facts.provenance) j WHERE j.value = ? LIMIT 1",
+        (f"turn:{turn_id}",)) is not None
 
 
 def run(ctx: JobContext) -> JobResult:

@@ -24,6 +24,8 @@ class FactKindPolicy(BaseModel):
     half_life_days: float | None = Field(default=None, gt=0)
     superseded_half_life_days: float = Field(default=7.0, gt=0)
     system: bool = False
+    # every fact of this kind is sensitive (runtime.privacy)
+    sensitive: bool = False
 
 
 class FactKinds:

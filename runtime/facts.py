@@ -36,7 +36,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from runtime.decay import MEMORY_LEVELS, MemoryLevel
+from runtime import levels, privacy
+from runtime.decay import MemoryLevel
+from runtime.duplicates import DuplicateCheck
 from runtime.episodes import MutedSource
 from runtime.fact_kinds import FactKinds
 from runtime.profiles import MemoryProfiles
@@ -60,11 +62,16 @@ class FactIn(BaseModel):
     valid_from: float | None = Field(default=None, allow_inf_nan=False)
     memory_level: MemoryLevel = "normal"
     user_managed: bool = False
+    # privacy (runtime.privacy): sensitive also for a sensitive kind or turn of
+    # its provenance; person: whose it is (None: from its provenance's speaker)
+    sensitive: bool = False
+    person: str | None = Field(default=None, max_length=200)
 
 
 @dataclass(frozen=True)
 class Resolution:
-    action: Literal["insert", "reinforce", "supersede", "keep"]
+    # duplicate: refused as a near-duplicate of existing_id (runtime.duplicates)
+    action: Literal["insert", "reinforce", "supersede", "keep", "duplicate"]
     existing_id: int | None = None
     # For "keep": the history row that records the claim that lost.
     claim_id: int | None = None
@@ -96,10 +103,12 @@ def resolve(current: Row | None, new: FactIn) -> Resolution:
 
 
 class GraphService:
-    def __init__(self, store: Store, kinds: FactKinds, profiles: MemoryProfiles) -> None:
+    def __init__(self, store: Store, kinds: FactKinds, profiles: MemoryProfiles,
+                 duplicates: DuplicateCheck | None = None) -> None:
         self.store = store
         self.kinds = kinds
         self.profiles = profiles
+        self.duplicates = duplicates  # None: no near-duplicate check
 
     def current(self, subject: str, key: str) -> Row | None:
         """The fact with an open window for this subject and key, disabled or not."""
@@ -122,9 +131,13 @@ class GraphService:
         Raises :class:`runtime.fact_kinds.UnknownFactKind` for a kind outside the
         set and :class:`runtime.episodes.MutedSource` for a source whose profile
         does not feed facts (both are ValueErrors)."""
-        self.kinds.policy(fact.kind)  # raises UnknownFactKind
+        policy = self.kinds.policy(fact.kind)  # raises UnknownFactKind
         if not self.profiles.for_source(fact.source).facts:
             raise MutedSource(f"source {fact.source!r} does not feed facts")
+        if self.duplicates is not None and self.current(fact.subject, fact.key) is None:
+            duplicate = self.duplicates.fact(fact.subject, fact.key, fact.value)
+            if duplicate is not None:
+                return duplicate, self._duplicate(duplicate, fact, writer)
         now = self.store.clock.now()
         with self.store.write_transaction():
             current = self.current(fact.subject, fact.key)
@@ -141,6 +154,12 @@ class GraphService:
                 "recorded_at": now, "confirmed_at": now,
                 "memory_level": fact.memory_level, "user_managed": int(fact.user_managed),
             }
+            sensitive, values["person"] = privacy.fact_marks(
+                self.store, fact.provenance, fact.sensitive, fact.person, policy.sensitive)
+            values["sensitive"] = int(sensitive)
+            if decision.action == "supersede" and not levels.is_user(writer):
+                assert current is not None  # the system never lowers the level it replaces
+                values["memory_level"] = levels.higher(current["memory_level"], fact.memory_level)
             if decision.action == "keep":  # the claim lost: history, never in force
                 assert current is not None
                 claim_id = self.store.insert(writer, "facts", {
@@ -159,6 +178,9 @@ class GraphService:
         self.store.update(writer, "facts", current["id"], {
             "confirmed_at": now, "claims": claims + 1,
             "confidence": min(1.0, max(0.0, mean)),
+            # a sensitive restatement makes it sensitive; never the other way
+            "sensitive": int(bool(current["sensitive"]) or fact.sensitive
+                             or self.kinds.policy(fact.kind).sensitive),
         })
 
     def get(self, fact_id: int) -> Row | None:
@@ -181,13 +203,23 @@ class GraphService:
     def enable(self, fact_id: int, writer: str = WRITER) -> Row:
         return self.set_disabled(fact_id, False, writer)
 
+    def _duplicate(self, fact_id: int, fact: FactIn, writer: str) -> Resolution:
+        """A near-duplicate is refused (nothing new is written); only a higher
+        level it asks for is taken by the fact it duplicates (levels only rise)."""
+        row = self.get(fact_id)
+        if row is not None and levels.rank(fact.memory_level) > levels.rank(row["memory_level"]):
+            self.set_level(fact_id, fact.memory_level, writer)
+        return Resolution("duplicate", fact_id)
+
     def set_level(self, fact_id: int, level: MemoryLevel, writer: str = WRITER) -> Row:
         """Set a fact's memory level (``seared``: pinned, never fades, and never
-        replaced by a non-user write)."""
-        if level not in MEMORY_LEVELS:
-            raise ValueError(f"memory level must be one of {', '.join(MEMORY_LEVELS)}, "
-                             f"not {level!r}")
-        return self.store.update(writer, "facts", fact_id, {"memory_level": level})
+        replaced by a non-user write). Only the user lowers a level
+        (:mod:`runtime.levels`: ``LevelLowered``)."""
+        with self.store.write_transaction():
+            row = self.get(fact_id)
+            current = "normal" if row is None else str(row["memory_level"])
+            level = levels.allowed(current, level, writer)
+            return self.store.update(writer, "facts", fact_id, {"memory_level": level})
 
     def edit(self, fact_id: int, value: str, writer: str = WRITER) -> tuple[int, Resolution]:
         """A user's correction of the current fact ``fact_id``: a new user-managed
@@ -212,7 +244,8 @@ class GraphService:
                     + (f" (superseded by fact:{later}); edit that one" if later else ""))
             return self.add(FactIn(kind=row["kind"], subject=row["subject"], key=row["key"],
                                    value=value, confidence=1.0, source="user",
-                                   memory_level=row["memory_level"], user_managed=True),
+                                   memory_level=row["memory_level"], user_managed=True,
+                                   sensitive=bool(row["sensitive"]), person=row["person"]),
                             writer)
 
     def forget(self, fact_id: int, writer: str = WRITER) -> Row | None:

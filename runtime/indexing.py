@@ -69,12 +69,15 @@ class Indexer:
     def pending_count(self) -> int:
         return sum(len(self.store.rows(sql, (0, 1 << 62))) for sql in _PENDING.values())
 
-    def sync(self, progress: Progress | None = None, limit: int | None = None) -> int:
+    def sync(self, progress: Progress | None = None, limit: int | None = None,
+             kinds: tuple[str, ...] | None = None) -> int:
         """Embed and index memory items that have no vector (all of them, or up to
-        ``limit``); return how many."""
+        ``limit``; of ``kinds`` only, when given); return how many."""
         done = 0
         total = self.pending_count() if progress else 0
         for kind, sql in _PENDING.items():
+            if kinds is not None and kind not in kinds:
+                continue
             while limit is None or done < limit:
                 size = self.batch if limit is None else min(self.batch, limit - done)
                 rows = self.store.rows(sql, (self._checked[kind], size))

@@ -11,6 +11,9 @@
   recall (:func:`runtime.decay.fact_weight` with the kind's policy from
   ``configs/fact_kinds.toml``), and that file defines no floor below which a
   fact would be retired ("history is kept"), so the janitor leaves facts alone.
+- **Open threads** left open ``threads.escalate_after_days`` are escalated, one
+  level step at a time and never past vivid
+  (:func:`runtime.threads.escalate_due`, through ``ctx.writer``).
 - **Write log**: the history of a row this job pruned or purged (its insert,
   updates, delete, and the rows that went with it by cascade: an episode's
   citations, a turn's tool calls) is dropped once the delete is
@@ -38,6 +41,7 @@ from runtime.episodes import EpisodeService
 from runtime.job_context import JobContext, JobResult
 from runtime.profiles import MemoryProfiles
 from runtime.store import Store
+from runtime.threads import escalate_due
 from runtime.transcript import TranscriptService
 
 log = logging.getLogger(__name__)
@@ -68,7 +72,9 @@ def run(ctx: JobContext) -> JobResult:
             return JobResult(purged + pruned, _detail(purged, pruned, None), more=True)
         pruned += transcript.prune(channel, WRITER)
     dropped = expire_write_log(ctx.store, ctx.clock.now())
-    return JobResult(purged + pruned, _detail(purged, pruned, dropped))
+    raised = escalate_due(ctx)  # open threads left too long (runtime.threads)
+    return JobResult(purged + pruned + raised,
+                     f"{_detail(purged, pruned, dropped)}, {raised} open threads escalated")
 
 
 def _detail(purged: int, pruned: int, dropped: int | None) -> str:

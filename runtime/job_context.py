@@ -15,7 +15,7 @@ idempotent and resumable: it commits batch by batch, stops when
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -29,7 +29,11 @@ from runtime.refs import Action, Ref
 from runtime.store import Store
 
 if TYPE_CHECKING:  # runtime.portrait imports this module
+    from runtime.digests import DigestBatch
+    from runtime.mood import MoodIn
     from runtime.portrait import PortraitIn
+    from runtime.threads import ThreadChange
+    from runtime.user_profile import ProfileOp
 
 
 class MemoryWriter(Protocol):
@@ -55,6 +59,23 @@ class MemoryWriter(Protocol):
 
     def add_portrait(self, portrait: PortraitIn, writer: str) -> int:
         """Store a new version of the portrait (``runtime.portrait``); return its id."""
+        ...
+
+    def write_digests(self, batch: DigestBatch, writer: str) -> list[int]:
+        """Add digests, prune expired ones (``runtime.digests``); the ids of those added."""
+        ...
+
+    def update_profile(self, ops: Sequence[ProfileOp], source: str, writer: str) -> list[str]:
+        """Apply profile operations all or nothing (``runtime.user_profile``);
+        ValueError (nothing written) for one that changes nothing."""
+        ...
+
+    def update_thread(self, change: ThreadChange, writer: str) -> None:
+        """Resolve or escalate an episode's open thread (``runtime.threads``)."""
+        ...
+
+    def add_mood(self, mood: MoodIn, writer: str) -> int:
+        """Store a new reading of the mood (``runtime.mood``); return its id."""
         ...
 
 

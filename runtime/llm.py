@@ -22,6 +22,11 @@ status, malformed response, refused or dropped connection).
   ``stream`` method answers in one piece. :meth:`FallbackChain.stream` falls
   back to the next provider only until the first piece has arrived (after
   that, the words are out: an error then ends the stream).
+* Tool calling: a request's ``tools`` are sent as OpenAI ``tools`` by
+  :meth:`OpenAICompatibleProvider.complete`, and the answer's ``tool_calls``
+  come back in :attr:`Completion.tool_calls`; streams are text only (a pull
+  turn's tool rounds are not streamed: ``runtime.pull``). The offline provider
+  has no tools: it answers from the request's memories as always.
 
 :func:`make_llm` builds the chain from :class:`~runtime.config.LLMSettings`.
 """
@@ -36,12 +41,12 @@ import re
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from enum import StrEnum
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from runtime.config import ConfigError, LLMSettings, ProviderSettings
 
@@ -63,25 +68,79 @@ NOTICE_AFTER_FAILURES = 2
 # --------------------------------------------------------------------------- messages
 
 
-class ChatMessage(BaseModel):
+class ToolCall(BaseModel):
+    """A function call the model asked for (OpenAI tool calling): ``arguments``
+    is the JSON text exactly as the model sent it (it may be malformed)."""
+
     model_config = ConfigDict(frozen=True)
 
-    role: Literal["system", "user", "assistant"]
+    id: str
+    name: str
+    arguments: str = ""
+
+
+class Tool(BaseModel):
+    """A function the model may call: its name, what it does, and its
+    parameters as a JSON schema (sent as OpenAI ``tools``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str
+    parameters: dict[str, Any]
+
+
+class ChatMessage(BaseModel):
+    """One message. An assistant message may carry the ``tool_calls`` it made;
+    a ``tool`` message answers one of them (``tool_call_id``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    role: Literal["system", "user", "assistant", "tool"]
     content: str
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
+
+
+def _wire_message(m: ChatMessage) -> dict[str, Any]:
+    """A message as the chat-completions API takes it."""
+    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    if m.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": "function",
+                              "function": {"name": c.name, "arguments": c.arguments}}
+                             for c in m.tool_calls]
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    return out
 
 
 class LLMRequest(BaseModel):
     """One chat request. ``memories`` are the recalled memory texts already
     injected into ``messages`` (most relevant first); only the offline provider
     reads them. ``None`` for ``max_tokens``/``temperature`` means the configured
-    default."""
+    default. ``tools``: functions the model may call (``tool_choice``: ``auto``
+    or ``none``); a provider without tool calling (the offline one) ignores
+    them and answers text."""
 
     model_config = ConfigDict(frozen=True)
 
     messages: list[ChatMessage] = Field(min_length=1)
     memories: list[str] = Field(default_factory=list)
+    # what the user asked to remember in this turn, stored already (runtime.remember)
+    remembered: list[str] = Field(default_factory=list)
+    # one flag per memory (or none): a sensitive one is never quoted (runtime.privacy)
+    sensitive: list[bool] = Field(default_factory=list)
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    tools: list[Tool] = Field(default_factory=list)
+    tool_choice: Literal["auto", "none"] = "auto"
+
+    @model_validator(mode="after")
+    def _one_flag_per_memory(self) -> LLMRequest:
+        if self.sensitive and len(self.sensitive) != len(self.memories):
+            raise ValueError(f"sensitive: {len(self.sensitive)} flags for "
+                             f"{len(self.memories)} memories")
+        return self
 
 
 class Completion(BaseModel):
@@ -92,6 +151,7 @@ class Completion(BaseModel):
     model: str
     finish_reason: str | None = None
     usage: dict[str, int] | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- errors
@@ -228,13 +288,19 @@ class OpenAICompatibleProvider:
                  key: str | None) -> urllib.request.Request:
         body = {
             "model": self.model,
-            "messages": [m.model_dump() for m in request.messages],
+            "messages": [_wire_message(m) for m in request.messages],
             "max_tokens": (request.max_tokens if request.max_tokens is not None
                            else self._default_max_tokens),
             "temperature": (request.temperature if request.temperature is not None
                             else self._default_temperature),
             "stream": stream,
         }
+        if request.tools and not stream:  # tool calls are read from whole answers only
+            body["tools"] = [{"type": "function",
+                              "function": {"name": t.name, "description": t.description,
+                                           "parameters": t.parameters}}
+                             for t in request.tools]
+            body["tool_choice"] = request.tool_choice
         headers = {"Content-Type": "application/json",
                    "Accept": "text/event-stream" if stream else "application/json"}
         if key:
@@ -389,6 +455,9 @@ class OpenAICompatibleProvider:
         if not isinstance(message, dict):
             raise bad("choices[0] has no 'message' object")
         content = message.get("content")
+        calls = _parse_tool_calls(message.get("tool_calls"), bad)
+        if content is None and calls:
+            content = ""  # a tool-calling answer has no text
         if not isinstance(content, str):
             got = "missing" if "content" not in message else type(content).__name__
             raise bad(f"choices[0].message.content is not a string ({got})")
@@ -403,10 +472,34 @@ class OpenAICompatibleProvider:
             usage=({k: v for k, v in usage.items()
                     if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)}
                    if isinstance(usage, dict) else None),
+            tool_calls=calls,
         )
-        log.debug("llm %s: %d chars, finish_reason=%s", self.name, len(content),
-                  completion.finish_reason)
+        log.debug("llm %s: %d chars, %d tool calls, finish_reason=%s", self.name, len(content),
+                  len(calls), completion.finish_reason)
         return completion
+
+
+def _parse_tool_calls(raw: object, bad: Callable[[str], LLMError]) -> list[ToolCall]:
+    """``message.tool_calls`` of a completion (``[]`` when absent); ``bad(why)``
+    builds the error for a malformed one. Arguments sent as a JSON object
+    rather than its text (some servers do) are re-encoded."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise bad("choices[0].message.tool_calls is not a list")
+    calls = []
+    for i, call in enumerate(raw):
+        function = call.get("function") if isinstance(call, dict) else None
+        name = function.get("name") if isinstance(function, dict) else None
+        if not isinstance(function, dict) or not isinstance(name, str):
+            raise bad(f"tool_calls[{i}] has no function name")
+        arguments = function.get("arguments")
+        if isinstance(arguments, dict):
+            arguments = json.dumps(arguments)
+        call_id = call.get("id")
+        calls.append(ToolCall(id=call_id if isinstance(call_id, str) and call_id else f"call_{i}",
+                              name=name, arguments=arguments if isinstance(arguments, str) else ""))
+    return calls
 
 
 # --------------------------------------------------------------------------- offline
@@ -421,10 +514,13 @@ class OfflineProvider:
     memory keeps working with no endpoint configured or while every endpoint
     is down. With memories it replies "From what I remember: " followed by the
     first one or two (recall hands them over most relevant first), each
-    trimmed to a sentence-sized length; with none it says, in a fixed line,
+    trimmed to a sentence-sized length, never one flagged sensitive
+    (``request.sensitive``: it answers as if it were not there); with none it says, in a fixed line,
     that no language model is available and nothing relevant is remembered.
-    It never repeats the user's words. Same request, same reply; it never
-    raises :class:`LLMError`.
+    It never repeats the user's words, but for one case: when the user asked to
+    remember something in this turn (``request.remembered``, stored already),
+    it acknowledges it: "Noted, I will remember that: ...". Same request, same
+    reply; it never raises :class:`LLMError`.
     """
 
     name = "offline"
@@ -436,20 +532,25 @@ class OfflineProvider:
     NO_MEMORY_REPLY = ("No language model is configured or reachable right now, "
                        "and I don't remember anything relevant to that.")
     MEMORY_PREFIX = "From what I remember: "
+    REMEMBERED_PREFIX = "Noted, I will remember that: "
     MAX_MEMORIES = 2
 
     def complete(self, request: LLMRequest) -> Completion:
         picked: list[str] = []
-        for memory in request.memories:
+        for i, memory in enumerate(request.memories):
             text = _one_line(memory, _MEMORY_CHARS)
-            if not text:
-                continue
+            if not text or (i < len(request.sensitive) and request.sensitive[i]):
+                continue  # a sensitive memory is never quoted
             if text[-1] not in ".!?…":
                 text += "."
             picked.append(text)
             if len(picked) == self.MAX_MEMORIES:
                 break
         text = self.MEMORY_PREFIX + " ".join(picked) if picked else self.NO_MEMORY_REPLY
+        if request.remembered:  # a "remember: ..." stored during the turn: say so
+            noted = " ".join(_one_line(r, _MEMORY_CHARS).rstrip(".!?…") + "."
+                             for r in request.remembered)
+            text = self.REMEMBERED_PREFIX + noted
         return Completion(text=text, provider=self.name, model=self.model,
                           finish_reason="stop", usage=None)
 

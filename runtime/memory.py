@@ -23,6 +23,8 @@ from pathlib import Path
 
 from runtime.clock import Clock, SystemClock, household_zone
 from runtime.config import Settings
+from runtime.digests import DigestBatch, DigestService
+from runtime.duplicates import DuplicateCheck, IndexFinder, NearDuplicate
 from runtime.embedder import Embedder, make_embedder
 from runtime.episodes import EpisodeIn, EpisodeService
 from runtime.fact_kinds import FactKinds
@@ -30,12 +32,15 @@ from runtime.facts import FactIn, GraphService, Resolution
 from runtime.indexing import Indexer, Progress
 from runtime.job_context import JobContext
 from runtime.llm import FallbackChain, make_llm
+from runtime.mood import MoodIn, MoodService
 from runtime.portrait import PortraitIn, PortraitService
 from runtime.profiles import MemoryProfiles
 from runtime.recall import Recaller, RecallResult
 from runtime.refs import Action, Match, Ref, Services, change, find_matching
 from runtime.store import Store
+from runtime.threads import ThreadChange, ThreadService
 from runtime.transcript import TranscriptService, TurnIn
+from runtime.user_profile import ProfileOp, ProfileService
 from runtime.vector_index import VectorIndex
 
 log = logging.getLogger(__name__)
@@ -62,9 +67,14 @@ class Memory:
         self.indexer = Indexer(self.store, self.index, self.embedder,
                                batch=settings.embedder.batch_size)
         self.transcript = TranscriptService(self.store, self.profiles)
-        self.episodes = EpisodeService(self.store, self.profiles)
-        self.graph = GraphService(self.store, self.kinds, self.profiles)
+        duplicates = DuplicateCheck(self.store,
+                                    IndexFinder(self.store, self.index, self.embedder),
+                                    settings.memory.duplicate_similarity)
+        self.episodes = EpisodeService(self.store, self.profiles, duplicates)
+        self.graph = GraphService(self.store, self.kinds, self.profiles, duplicates)
         self.portraits = PortraitService(self.store)
+        self.digests = DigestService(self.store)
+        self.profile = ProfileService(self.store)
         self.services = Services(self.transcript, self.episodes, self.graph)
         self.recaller = Recaller(self.store, self.index, self.embedder, self.kinds,
                                  settings.recall, self.clock,
@@ -116,7 +126,12 @@ class Memory:
         return self.add_turns([turn], writer)[0]
 
     def add_episode(self, episode: EpisodeIn, writer: str = "episodes") -> int:
-        episode_id = self.episodes.add(episode, writer)
+        """Write an episode; a near-duplicate of a live one is refused and that
+        one's id returned (``runtime.duplicates``)."""
+        try:
+            episode_id = self.episodes.add(episode, writer)
+        except NearDuplicate as refused:
+            return refused.item_id
         for child in episode.children:
             self.indexer.drop("episode", child)
         self.indexer.sync()
@@ -132,10 +147,27 @@ class Memory:
         """Store a new version of the household's portrait (``runtime.portrait``)."""
         return self.portraits.add(portrait, writer)
 
+    def write_digests(self, batch: DigestBatch, writer: str = "synthesis") -> list[int]:
+        """Add digests and prune expired ones (``runtime.digests``)."""
+        return self.digests.write(batch, writer)
+
+    def update_profile(self, ops: Sequence[ProfileOp], source: str = "user",
+                       writer: str = "graph") -> list[str]:
+        """Apply profile operations, all or nothing (``runtime.user_profile``)."""
+        return self.profile.apply(ops, source, writer)
+
+    def update_thread(self, change: ThreadChange, writer: str = "consolidate") -> None:
+        """Resolve or escalate an episode's open thread (``runtime.threads``)."""
+        ThreadService(self.store).apply(change, writer)
+
+    def add_mood(self, mood: MoodIn, writer: str = "consolidate") -> int:
+        """Store a new reading of the mood (``runtime.mood``)."""
+        return MoodService(self.store).add(mood, writer)
+
     def change(self, ref: Ref, action: Action, writer: str = "user") -> None:
         """Disable, enable, delete (forget), pin or unpin a memory item; its vector
-        follows (pinning changes only the level)."""
-        if action in ("pin", "unpin"):
+        follows (pinning changes only the level, marking sensitive only the mark)."""
+        if action in ("pin", "unpin", "sensitive", "not_sensitive"):
             change(self.services.owner(ref.kind), ref, action, writer)
             return
         if action != "enable":  # out of the index first: the delete takes the row
@@ -159,9 +191,10 @@ class Memory:
     # -- reads ------------------------------------------------------------
 
     def recall(self, query: str, now: float | None = None, max_items: int | None = None,
-               max_tokens: int | None = None, exclude: Iterable[str] = ()) -> RecallResult:
+               max_tokens: int | None = None, exclude: Iterable[str] = (),
+               person: str | None = None) -> RecallResult:
         return self.recaller.recall(query, now=now, max_items=max_items, max_tokens=max_tokens,
-                                    exclude=exclude)
+                                    exclude=exclude, person=person)
 
     def counts(self) -> dict[str, int]:
         return self.store.counts()

@@ -621,6 +621,93 @@ MIGRATIONS: list[tuple[str, str]] = [
         ALTER TABLE facts ADD COLUMN person TEXT;
         """,
     ),
+    (
+        "0016_threads_and_mood",
+        """
+        -- Open threads (issue 12, clanka; runtime.threads): a leaf episode may hold
+        -- something left unresolved (a plan or promise not kept yet, a question
+        -- left unanswered). thread: NULL (none) | 'simmering' | 'hot';
+        -- thread_what: the words that opened it; it is open until
+        -- thread_resolved_at is set (by the episode thread_resolved_by that closed
+        -- it). thread_escalated_at: the last time the decay job raised it.
+        ALTER TABLE episodes ADD COLUMN thread TEXT CHECK (thread IN ('simmering', 'hot'));
+        ALTER TABLE episodes ADD COLUMN thread_what TEXT;
+        ALTER TABLE episodes ADD COLUMN thread_opened_at REAL;
+        ALTER TABLE episodes ADD COLUMN thread_escalated_at REAL;
+        ALTER TABLE episodes ADD COLUMN thread_resolved_at REAL;
+        ALTER TABLE episodes ADD COLUMN thread_resolved_by INTEGER;
+        CREATE INDEX episodes_open_threads ON episodes (channel, id)
+            WHERE thread IS NOT NULL AND thread_resolved_at IS NULL;
+
+        -- The companion's mood (runtime.mood), carried between conversations:
+        -- one row per reading, history kept, the newest is current.
+        CREATE TABLE mood (
+            id           INTEGER PRIMARY KEY,
+            valence      REAL NOT NULL CHECK (valence BETWEEN -1 AND 1),
+            energy       REAL NOT NULL CHECK (energy BETWEEN 0 AND 1),
+            warmth       REAL NOT NULL CHECK (warmth BETWEEN 0 AND 1),
+            why          TEXT NOT NULL,
+            how          TEXT NOT NULL CHECK (how IN ('offline', 'llm')),
+            through_turn INTEGER NOT NULL DEFAULT 0,  -- the last transcript row it read
+            created_at   REAL NOT NULL
+        );
+        """,
+    ),
+    (
+        "0017_digests",
+        """
+        -- Digests (issue 12, runtime.digests; the synthesis job): daily notes roll
+        -- up into weekly and then monthly digests, grounded in episodes. One row
+        -- per period: key '2026-06-30' (day), '2026-W27' (ISO week), '2026-06'
+        -- (month), local to the household's time zone; starts_at/ends_at: its
+        -- span. refs: JSON ["episode:N", ...], the episodes it was made from.
+        -- how: offline, llm or fallback. Monthlies are kept forever; dailies and
+        -- weeklies are deleted after their roll-up and a retention. Written by
+        -- the Graph actor only, through the write log.
+        CREATE TABLE digests (
+            id         INTEGER PRIMARY KEY AUTOINCREMENT,
+            period     TEXT NOT NULL CHECK (period IN ('day', 'week', 'month')),
+            key        TEXT NOT NULL,
+            starts_at  REAL NOT NULL,
+            ends_at    REAL NOT NULL,
+            text       TEXT NOT NULL,
+            refs       TEXT NOT NULL DEFAULT '[]' CHECK (json_valid(refs)),
+            how        TEXT NOT NULL CHECK (how IN ('offline', 'llm', 'fallback')),
+            created_at REAL NOT NULL,
+            UNIQUE (period, key)
+        );
+        """,
+    ),
+    (
+        "0018_user_profile",
+        """
+        -- The user profile with a lifecycle (issue 12, runtime.user_profile): one row
+        -- per item of a field (a scalar such as name has at most one active item;
+        -- a list such as goals many). Never deleted: an item leaves the profile
+        -- by its status (done, removed, replaced) with ended_at, and a restated
+        -- item supersedes the old one (replaced, replaced_by). norm: the match
+        -- key (case, parentheticals and status words removed). Directives carry a
+        -- scope (a channel or a person; NULL: everywhere) and a severity. Written
+        -- by the Graph actor only, through the write log.
+        CREATE TABLE profile_items (
+            id          INTEGER PRIMARY KEY AUTOINCREMENT,
+            field       TEXT NOT NULL,
+            value       TEXT NOT NULL,
+            norm        TEXT NOT NULL,
+            scope       TEXT,
+            severity    TEXT CHECK (severity IN ('hard', 'soft')),
+            status      TEXT NOT NULL DEFAULT 'active'
+                        CHECK (status IN ('active', 'done', 'removed', 'replaced')),
+            source      TEXT NOT NULL,
+            created_at  REAL NOT NULL,
+            updated_at  REAL NOT NULL,
+            ended_at    REAL,
+            replaced_by INTEGER REFERENCES profile_items (id)
+        );
+        CREATE INDEX profile_items_active ON profile_items (field, norm)
+            WHERE status = 'active';
+        """,
+    ),
     # 0016 (threads and mood), 0017 (digests), 0018 (user profile): issue 12 slices
 ]
 

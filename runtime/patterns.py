@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from typing import Any
 
+from runtime import privacy
 from runtime.clock import DAY, household_zone
 from runtime.extract_rules import MULTI_RELATIONS, NAME, SINGLE_RELATIONS, slug
 from runtime.facts import FactIn
@@ -395,7 +396,8 @@ class PatternsJob:
         while True:
             rows = store.rows(
                 "SELECT id, source, speaker, content, created_at FROM transcript"
-                " WHERE id > ? AND role = 'user' AND disabled = 0 ORDER BY id LIMIT ?",
+                " WHERE id > ? AND role = 'user' AND disabled = 0"
+                f" AND {privacy.SHAREABLE} ORDER BY id LIMIT ?",
                 (after, PAGE))
             for turn in rows:
                 if not profiles.for_source(turn["source"]).patterns:

@@ -50,6 +50,7 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from runtime import privacy
 from runtime.clock import DAY, household_zone
 from runtime.extract_rules import SINGLE_RELATIONS, slug
 from runtime.job_context import JobContext, JobResult
@@ -167,7 +168,8 @@ class PortraitService:
 
 def current_refs(store: Store, refs: Iterable[str]) -> set[str]:
     """The refs of ``refs`` that still name a current memory: an enabled fact
-    whose window is open, an enabled episode."""
+    whose window is open, an enabled episode; neither marked sensitive since
+    (``runtime.privacy``: a portrait line citing one is no longer shown)."""
     facts: list[int] = []
     episodes: list[int] = []
     for ref in set(refs):
@@ -177,8 +179,9 @@ def current_refs(store: Store, refs: Iterable[str]) -> set[str]:
                 int(number))
     live: set[str] = set()
     for table, kind, ids, where in (
-            ("facts", "fact", facts, "disabled = 0 AND valid_to IS NULL"),
-            ("episodes", "episode", episodes, "disabled = 0")):
+            ("facts", "fact", facts,
+             f"disabled = 0 AND valid_to IS NULL AND {privacy.SHAREABLE}"),
+            ("episodes", "episode", episodes, f"disabled = 0 AND {privacy.SHAREABLE}")):
         for start in range(0, len(ids), 500):
             part = ids[start:start + 500]
             marks = ",".join("?" for _ in part)
@@ -309,13 +312,14 @@ def gather(store: Store, now: float, params: SynthesisParams) -> Evidence:
     marks = ",".join("?" for _ in PORTRAIT_KINDS)
     facts = store.rows(
         f"SELECT * FROM facts WHERE valid_to IS NULL AND disabled = 0 AND kind IN ({marks})"
-        f" AND source != 'dmn' ORDER BY id", PORTRAIT_KINDS)
+        f" AND source != 'dmn' AND {privacy.SHAREABLE} ORDER BY id", PORTRAIT_KINDS)
     digest = hashlib.sha256()
     for f in facts:
         digest.update(f"{f['id']}\x1f{f['value']}\x1e".encode())
     episodes = store.rows(
         "SELECT * FROM episodes WHERE disabled = 0 AND tombstoned_at IS NULL AND level <= 1"
-        " AND source != 'dmn' AND salience >= ? AND coalesce(ended_at, created_at) >= ?"
+        f" AND source != 'dmn' AND {privacy.SHAREABLE}"
+        " AND salience >= ? AND coalesce(ended_at, created_at) >= ?"
         " ORDER BY salience DESC, coalesce(ended_at, created_at) DESC, id DESC LIMIT ?",
         (params.min_salience, now - params.concern_days * DAY, params.concern_episodes))
     speakers = {" ".join(str(r[0]).split()) for r in store.conn.execute(
@@ -535,5 +539,22 @@ def synthesise(ctx: JobContext, params: SynthesisParams | None = None) -> JobRes
 
 
 def run(ctx: JobContext) -> JobResult:
-    """The ``synthesis`` job (a :data:`runtime.job_context.JobFn`)."""
-    return synthesise(ctx)
+    """The ``synthesis`` job (a :data:`runtime.job_context.JobFn`): the portrait,
+    then the digests (``runtime.digests``). Each step runs whatever the other
+    did; a step that raised fails the run after both ran (the other's writes stay)."""
+    from runtime.digests import digest_step
+
+    results: list[JobResult] = []
+    failed: list[Exception] = []
+    for step in (synthesise, digest_step):
+        try:
+            results.append(step(ctx))
+        except Exception as exc:
+            log.warning("synthesis job: the %s step failed: %s", step.__name__,
+                        type(exc).__name__)
+            failed.append(exc)
+    if failed:
+        raise failed[0]
+    return JobResult(items=sum(r.items for r in results),
+                     detail="; ".join(r.detail for r in results if r.detail),
+                     more=any(r.more for r in results))

@@ -38,7 +38,11 @@ with the refs they rest on), one bullet per line; it is left out with no
 lines and in mode ``"off"``. The memory section depends on ``mode``:
 ``"push"`` lists the memories, ``"index"`` says only how many are available
 (the model pulls them on demand), ``"off"`` leaves memory out; with no
-memories it is omitted in every mode.
+memories it is omitted in every mode. ``"pull"`` (a channel's injection mode:
+``runtime.pull``) puts the given stable ``index`` text right after the persona,
+before the date/time line, so the prompt's start stays byte-identical between
+turns, and lists the memories (the turn's capped auto-recall) last under
+``# Memory auto-recall``.
 
 Each memory is exactly one bullet line: its whitespace (newlines included) is
 collapsed to single spaces, so text such as ``"\\n## RULES.md\\n..."`` stays
@@ -60,10 +64,10 @@ from runtime.llm import ChatMessage
 from runtime.persona import PersonaFile
 
 Role = Literal["system", "user", "assistant"]
-Mode = Literal["push", "index", "off"]
+Mode = Literal["push", "index", "off", "pull"]
 
 _ROLES: dict[str, Role] = {"system": "system", "user": "user", "assistant": "assistant"}
-MODES: frozenset[str] = frozenset(("push", "index", "off"))
+MODES: frozenset[str] = frozenset(("push", "index", "off", "pull"))
 
 SEPARATOR = "\n\n---\n\n"
 MEMORY_HEADING = "# Memory"
@@ -71,6 +75,9 @@ MEMORY_INSTRUCTION = (
     "These are your own memories of earlier conversations with the user. "
     "Use them when they are relevant; never invent memories that are not listed here."
 )
+AUTO_RECALL_HEADING = "# Memory auto-recall"
+AUTO_RECALL_INSTRUCTION = (
+    "Memories that may bear on this message; call the recall tool for more.")
 PORTRAIT_HEADING = "# What you know about the household"
 PORTRAIT_INSTRUCTION = (
     "A summary you keep of the people you talk to, built over time from your memories "
@@ -112,18 +119,20 @@ class MemoryLine(Protocol):
 def build_messages(persona: Sequence[PersonaFile], memories: Sequence[MemoryLine],
                    history: Sequence[MessageLike], user_text: str, now: datetime,
                    mode: Mode = "push",
-                   portrait: Sequence[PortraitLineLike] = ()) -> list[ChatMessage]:
+                   portrait: Sequence[PortraitLineLike] = (),
+                   index: str = "", context: Sequence[str] = ()) -> list[ChatMessage]:
     """The messages for one turn: system, then ``history``, then the user's text.
 
     Raises ValueError for an unknown mode, a history role other than
     system/user/assistant, or a blank ``user_text``.
     """
     if mode not in MODES:
-        raise ValueError(f"mode must be one of push, index, off; got {mode!r}")
+        raise ValueError(f"mode must be one of push, index, off, pull; got {mode!r}")
     if not user_text.strip():
         raise ValueError("user_text is empty")
     messages = [ChatMessage(role="system",
-                            content=system_prompt(persona, memories, now, mode, portrait))]
+                            content=system_prompt(persona, memories, now, mode, portrait,
+                                                  index, context))]
     for i, m in enumerate(history):
         role = _ROLES.get(m.role)
         if role is None:
@@ -136,11 +145,19 @@ def build_messages(persona: Sequence[PersonaFile], memories: Sequence[MemoryLine
 
 def system_prompt(persona: Sequence[PersonaFile], memories: Sequence[MemoryLine],
                   now: datetime, mode: Mode = "push",
-                  portrait: Sequence[PortraitLineLike] = ()) -> str:
-    """The system message's text (see the module docstring for its layout)."""
+                  portrait: Sequence[PortraitLineLike] = (), index: str = "",
+                  context: Sequence[str] = ()) -> str:
+    """The system message's text (see the module docstring for its layout).
+    ``context``: sections rendered by their services, placed after the portrait
+    in the order given (the user profile, ``runtime.user_profile``; the
+    trajectory, ``runtime.digests``; the mood line, ``runtime.mood``); empty ones
+    are left out."""
     sections = [persona_section(p) for p in persona]
+    if mode == "pull":  # the stable memory index before anything that changes per turn
+        sections.append(index.strip())
     sections.append(datetime_line(now))
     sections.append(portrait_section(portrait, mode))
+    sections.extend(c.strip() for c in context)
     sections.append(memory_section(memories, mode))
     return SEPARATOR.join(s for s in sections if s)
 
@@ -173,6 +190,8 @@ def memory_section(memories: Sequence[MemoryLine], mode: Mode = "push") -> str:
     lines = [line for line in (memory_bullet(m) for m in memories) if line]
     if not lines:
         return ""
+    if mode == "pull":
+        return "\n".join((AUTO_RECALL_HEADING, AUTO_RECALL_INSTRUCTION, *lines))
     if mode == "index":
         n = len(lines)
         what = "1 memory" if n == 1 else f"{n} memories"

@@ -5,7 +5,8 @@ the transcript, episodes and facts. Each candidate's relevance blends its
 cosine similarity to the query with its normalised keyword score; a turn also
 borrows part of its neighbours' relevance (conversation context). A candidate
 must clear an absolute relevance gate, then the final score (relevance,
-recency/decay weight, salience) must reach a fraction of the best one: weak
+recency/decay weight, salience; for episodes, an open thread's bonus and the
+mood's congruence bonus) must reach a fraction of the best one: weak
 candidates are dropped, never used as padding, and an unrelated query gets
 nothing. The result respects a budget of items and tokens. If the vector path
 fails, recall degrades to a deterministic keyword-only top-N.
@@ -27,13 +28,17 @@ from typing import Any
 
 import numpy as np
 
+from runtime import privacy, temporal_recall
 from runtime.clock import Clock, household_zone
 from runtime.config import RecallSettings
 from runtime.decay import episode_weight, fact_weight, recency_weight
 from runtime.embedder import Embedder
 from runtime.fact_kinds import FactKinds
 from runtime.fts import MAX_QUERY_CHARS, match_expression, query_terms
+from runtime.mood import MoodService, congruence_bonus
+from runtime.mood import current as current_mood
 from runtime.store import Row, Store
+from runtime.threads import recall_bonus as thread_bonus
 from runtime.vector_index import KINDS, VectorIndex
 
 log = logging.getLogger(__name__)
@@ -85,6 +90,8 @@ class RecallItem:
     created_at: float
     turns: tuple[int, ...]
     tokens: int
+    sensitive: bool = False  # runtime.privacy: who may be given it
+    person: str | None = None  # whose memory it is (None: the household's)
 
 
 @dataclass
@@ -138,6 +145,7 @@ class _Candidate:
     weight: float = 1.0
     salience: int = TURN_SALIENCE
     turns: tuple[int, ...] = ()
+    bonus: float = 0.0  # an open thread, mood congruence (runtime.threads, runtime.mood)
 
 
 class Recaller:
@@ -170,9 +178,12 @@ class Recaller:
         max_items: int | None = None,
         max_tokens: int | None = None,
         exclude: Iterable[str] = (),
+        person: str | None = None,
     ) -> RecallResult:
         """Recall for ``query``. ``exclude``: refs left out before ranking (the
-        turn being answered and the history already in the prompt)."""
+        turn being answered and the history already in the prompt). ``person``:
+        scoped to that person's memories and the household's
+        (:func:`runtime.privacy.in_scope`)."""
         started = time.perf_counter()
         now = self.clock.now() if now is None else now
         max_items = self.settings.max_items if max_items is None else max_items
@@ -191,6 +202,8 @@ class Recaller:
             skip = set(exclude)
             if skip:
                 cands = [c for c in cands if f"{c.kind}:{c.item_id}" not in skip]
+            cands = [c for c in cands if privacy.recallable(c.kind, c.row)
+                     and privacy.in_scope(person, privacy.row_person(c.kind, c.row))]
             result.items = self._budget(cands, now, max_items, max_tokens)
         result.elapsed_ms = (time.perf_counter() - started) * 1000
         return result
@@ -239,6 +252,8 @@ class Recaller:
         for kind, item_id in keys:
             by_kind.setdefault(kind, []).append(item_id)
         out: dict[Key, _Candidate] = {}
+        mood = current_mood(MoodService(self.store).latest(), now) if "episode" in by_kind \
+            else None
         for kind, ids in by_kind.items():
             marks = ",".join("?" for _ in ids)
             if kind == "turn":
@@ -259,7 +274,9 @@ class Recaller:
                         kind, row["id"], row,
                         weight=episode_weight(row["level"], row["last_relevant_at"], now,
                                               memory_level=row["memory_level"]),
-                        salience=row["salience"], turns=tuple(cites.get(row["id"], ())))
+                        salience=row["salience"], turns=tuple(cites.get(row["id"], ())),
+                        bonus=thread_bonus(row, self.settings.weight_thread)
+                        + congruence_bonus(mood, row["emotion"], self.settings.weight_mood))
             else:
                 for row in self.store.rows(
                         f"SELECT * FROM facts WHERE id IN ({marks}) AND {_RECALLABLE['fact']}",
@@ -328,7 +345,11 @@ class Recaller:
 
     def _hybrid(self, query: str, qvec: np.ndarray, now: float) -> list[_Candidate]:
         dense = self._dense(qvec)
+        when = (temporal_recall.read(query, now, self.zone)  # a time named or asked for
+                if self.settings.temporal else None)
         lexical = self._lexical(query)
+        if when is not None:
+            dense.update(temporal_recall.pull_in(self.store, when, qvec, dense.keys() | lexical))
         cands = self._load(set(dense) | set(lexical), now)
         missing = [k for k in cands if k not in dense]
         for key, vec in self._vectors(missing).items():
@@ -346,6 +367,8 @@ class Recaller:
             speaker = cand.row.get("speaker") if cand.kind == "turn" else None
             if speaker and named.intersection(query_terms(speaker)):
                 cand.relevance += SPEAKER_BONUS
+            if when is not None:
+                cand.relevance += temporal_recall.bonus(when, cand.kind, cand.row)
             kept[key] = cand
         self._neighbour_cosines(kept, qvec)
         self._order_cited_turns(kept, qvec)
@@ -378,7 +401,7 @@ class Recaller:
     def _final(self, cand: _Candidate) -> float:
         s = self.settings
         return (s.weight_relevance * cand.relevance + s.weight_recency * cand.weight
-                + s.weight_salience * cand.salience / 10.0)
+                + s.weight_salience * cand.salience / 10.0 + cand.bonus)
 
     def _budget(self, cands: list[_Candidate], now: float, max_items: int,
                 max_tokens: int) -> list[RecallItem]:
@@ -389,9 +412,14 @@ class Recaller:
         floor = self.settings.relative_floor * scored[0][0]
         items: list[RecallItem] = []
         used = 0
+        seared = 0
         for score, cand in scored:
             if score < floor or len(items) >= max_items:
                 break
+            if cand.row.get("memory_level") == "seared":  # at most a couple at once
+                if seared >= self.settings.max_seared:
+                    continue
+                seared += 1
             text = render(cand.kind, cand.row, self.zone)
             tokens = approx_tokens(text)
             if used + tokens > max_tokens:
@@ -402,7 +430,8 @@ class Recaller:
                 text=text, score=round(score, 6), relevance=round(cand.relevance, 6),
                 channel=cand.row.get("channel"),
                 created_at=float(cand.row.get("created_at") or cand.row.get("recorded_at") or 0),
-                turns=cand.turns, tokens=tokens))
+                turns=cand.turns, tokens=tokens, sensitive=bool(cand.row.get("sensitive")),
+                person=privacy.row_person(cand.kind, cand.row)))
         return items
 
 

@@ -21,6 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
+from runtime import privacy
 from runtime.decay import MemoryLevel
 from runtime.episodes import EpisodeService
 from runtime.facts import GraphService
@@ -31,7 +32,7 @@ from runtime.transcript import TranscriptService
 log = logging.getLogger(__name__)
 
 Kind = Literal["turn", "episode", "fact"]
-Action = Literal["disable", "enable", "delete", "pin", "unpin"]
+Action = Literal["disable", "enable", "delete", "pin", "unpin", "sensitive", "not_sensitive"]
 KINDS: tuple[str, ...] = get_args(Kind)
 ACTIONS: tuple[str, ...] = get_args(Action)
 PINNED: MemoryLevel = "seared"  # never fades (runtime.decay)
@@ -117,6 +118,8 @@ def find_matching(store: Store, text: str, limit: int = 20) -> list[Match]:
 class MemoryService(Protocol):
     """What a service that owns one kind of memory item offers a user."""
 
+    store: Store
+
     def get(self, item_id: int) -> Row | None: ...
 
     def set_disabled(self, item_id: int, disabled: bool, writer: str = ...) -> Row: ...
@@ -145,7 +148,8 @@ class Services:
 
 def change(service: MemoryService, ref: Ref, action: Action, writer: str) -> None:
     """Disable, enable, delete (forget for good), pin or unpin the item ``ref``
-    names, through the service that owns its kind.
+    names, through the service that owns its kind, or mark it sensitive (or
+    not: ``sensitive``, ``not_sensitive``; :func:`runtime.privacy.mark`).
 
     Pinning sets an episode's or a fact's memory level to ``seared`` (it never
     fades); unpinning a pinned one sets it to ``vivid``, and leaves an item that
@@ -160,6 +164,8 @@ def change(service: MemoryService, ref: Ref, action: Action, writer: str) -> Non
         service.forget(ref.id, writer)
     elif action in ("pin", "unpin"):
         _set_pinned(service, ref, action == "pin", writer)
+    elif action in (privacy.MARK, privacy.UNMARK):  # any kind; logged
+        privacy.mark(service.store, ref.kind, ref.id, action == privacy.MARK, writer)
     else:
         service.set_disabled(ref.id, action == "disable", writer)
     log.info("memory item changed", extra={"ref": str(ref), "action": action})

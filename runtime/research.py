@@ -115,6 +115,7 @@ import defusedxml.ElementTree as safe_xml
 import numpy as np
 from defusedxml import DefusedXmlException
 
+from runtime import privacy
 from runtime.clock import DAY
 from runtime.config import ResearchSettings
 from runtime.decay import recency_weight
@@ -566,6 +567,7 @@ def interests(store: Store, profiles: MemoryProfiles, now: float) -> list[Intere
     rows = store.rows(
         "SELECT kind, subject, key, value FROM facts WHERE valid_to IS NULL AND disabled = 0"
         " AND kind IN ('behavioral_pattern', 'user_specific', 'reflection')"
+        f" AND {privacy.SHAREABLE}"  # a sensitive memory never leaves as a query
         " AND source != ? ORDER BY confirmed_at DESC, id DESC LIMIT ?", (SOURCE, MAX_FACTS * 4))
     facts = 0
     for row in rows:
@@ -586,7 +588,7 @@ def interests(store: Store, profiles: MemoryProfiles, now: float) -> list[Intere
             break
     for row in store.rows(
             "SELECT gist, coalesce(ended_at, started_at, created_at) AS at FROM episodes"
-            " WHERE disabled = 0 AND tombstoned_at IS NULL"
+            f" WHERE disabled = 0 AND tombstoned_at IS NULL AND {privacy.SHAREABLE}"
             " AND coalesce(ended_at, started_at, created_at) >= ?"
             " ORDER BY at DESC, id DESC LIMIT ?", (now - EPISODE_DAYS * DAY, MAX_EPISODES)):
         text = _interest_text(str(row["gist"]))
@@ -596,7 +598,8 @@ def interests(store: Store, profiles: MemoryProfiles, now: float) -> list[Intere
     turns = 0
     for row in store.rows(
             "SELECT source, content, created_at FROM transcript WHERE role = 'user'"
-            " AND disabled = 0 AND created_at >= ? ORDER BY created_at DESC, id DESC LIMIT ?",
+            f" AND disabled = 0 AND {privacy.SHAREABLE} AND created_at >= ?"
+            " ORDER BY created_at DESC, id DESC LIMIT ?",
             (now - TURN_DAYS * DAY, MAX_TURNS * 4)):
         if not profiles.for_source(str(row["source"])).patterns:
             continue

@@ -52,6 +52,7 @@ from runtime.job_context import JobContext, JobResult
 from runtime.job_state import get_state, set_state
 from runtime.llm import ChatMessage, LLMError, LLMRequest
 from runtime.store import Row, Store
+from runtime.threads import carried as carried_thread
 
 log = logging.getLogger(__name__)
 
@@ -231,6 +232,7 @@ def parent_of(ctx: JobContext, children: Sequence[Row], centre: np.ndarray,
     starts = [r["started_at"] for r in children if r["started_at"] is not None]
     ends = [r["ended_at"] for r in children if r["ended_at"] is not None]
     ids = [r["id"] for r in children]
+    thread = carried_thread(children)  # an open thread stays in recall (runtime.threads)
     return EpisodeIn(
         channel=children[0]["channel"],
         source=_most_common([r["source"] for r in children]) or children[0]["source"],
@@ -242,6 +244,8 @@ def parent_of(ctx: JobContext, children: Sequence[Row], centre: np.ndarray,
         children=sorted(ids),
         started_at=min(starts) if starts else None,
         ended_at=max(ends) if ends else None,
+        thread=None if thread is None else thread.state,
+        thread_what=None if thread is None else thread.what,
     )
 
 

@@ -59,21 +59,28 @@ Row = dict[str, Any]
 WRITABLE: dict[str, frozenset[str]] = {
     "transcript": frozenset(
         "channel source role speaker content created_at lat lon accuracy_m place "
-        "external_id citations memory request_id disabled".split()
+        "external_id citations memory request_id disabled sensitive".split()
     ),
     "compactions": frozenset("channel summary watermark created_at".split()),
     "tool_calls": frozenset("transcript_id name arguments result created_at".split()),
     "episodes": frozenset(
         "channel source level gist salience emotion memory_level weight started_at "
-        "ended_at last_relevant_at created_at parent_id tombstoned_at disabled".split()
+        "ended_at last_relevant_at created_at parent_id tombstoned_at disabled "
+        "thread thread_what thread_opened_at thread_escalated_at thread_resolved_at "
+        "thread_resolved_by sensitive person".split()
     ),
     "facts": frozenset(
         "kind subject key value confidence source provenance valid_from valid_to "
         "recorded_at confirmed_at superseded_by disabled memory_level user_managed "
-        "weight claims".split()
+        "weight claims sensitive person".split()
     ),
     "episode_citations": frozenset("episode_id transcript_id".split()),
     "portraits": frozenset("created_at signature how lines".split()),
+    "digests": frozenset("period key starts_at ends_at text refs how created_at".split()),
+    "profile_items": frozenset(
+        "field value norm scope severity status source created_at updated_at ended_at "
+        "replaced_by".split()),
+    "mood": frozenset("valence energy warmth why how through_turn created_at".split()),
 }
 
 # Tables without an ``id`` (WITHOUT ROWID links): their key columns. Their
@@ -319,13 +326,17 @@ class Store:
         return before
 
     def counts(self) -> dict[str, int]:
-        """How much memory there is: transcript rows, live episodes, current facts."""
+        """How much memory there is: transcript rows, live episodes, current facts,
+        open threads (``reverie status`` shows them)."""
         return {
             "transcript": int(self.scalar("SELECT count(*) FROM transcript")),
             "episodes": int(self.scalar(
                 "SELECT count(*) FROM episodes WHERE tombstoned_at IS NULL")),
             "facts": int(self.scalar(
                 "SELECT count(*) FROM facts WHERE valid_to IS NULL AND disabled = 0")),
+            "open_threads": int(self.scalar(  # runtime.threads
+                "SELECT count(*) FROM episodes WHERE thread IS NOT NULL AND"
+                " thread_resolved_at IS NULL AND tombstoned_at IS NULL AND disabled = 0")),
             "vectors": int(self.scalar("SELECT count(*) FROM vectors")),
         }
 

@@ -56,6 +56,8 @@ class TurnIn(BaseModel):
     external_id: str | None = Field(default=None, max_length=200)
     # Makes the append idempotent: a retry with the same id returns the first row.
     request_id: str | None = Field(default=None, min_length=1, max_length=100)
+    # sensitive (runtime.privacy): e.g. a reply that was given a sensitive memory
+    sensitive: bool = False
 
     @field_validator("content")
     @classmethod
@@ -63,6 +65,19 @@ class TurnIn(BaseModel):
         if not value.strip():
             raise ValueError("content is empty")
         return value
+
+
+MAX_TOOL_RESULT_CHARS = 8_000
+
+
+class ToolCallIn(BaseModel):
+    """One tool call the model made while answering a turn, and what it got."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=80)
+    arguments: dict[str, object] = Field(default_factory=dict)
+    result: str | None = Field(default=None, max_length=MAX_TOOL_RESULT_CHARS)
 
 
 class TranscriptService:
@@ -106,6 +121,7 @@ class TranscriptService:
             "external_id": turn.external_id,
             "memory": int(profile.remembered),
             "request_id": turn.request_id,
+            "sensitive": int(turn.sensitive),
         })
 
     def get(self, turn_id: int) -> Row | None:
@@ -136,6 +152,17 @@ class TranscriptService:
             "arguments": json.dumps(arguments), "result": result,
             "created_at": self.store.clock.now(),
         })
+
+    def add_tool_calls(self, turn_id: int, calls: list[ToolCallIn],
+                       writer: str = WRITER) -> None:
+        """Record the tool calls made for a turn, once: a turn that has its
+        calls already (an append retried with its request id) gets no more."""
+        with self.store.write_transaction():
+            if self.store.scalar("SELECT 1 FROM tool_calls WHERE transcript_id = ? LIMIT 1",
+                                 (turn_id,)) is not None:
+                return
+            for call in calls:
+                self.add_tool_call(turn_id, call.name, call.arguments, call.result, writer)
 
     def neighbours(self, turn_id: int, before: int, after: int) -> list[Row]:
         """Up to ``before`` earlier and ``after`` later rows of the same channel."""

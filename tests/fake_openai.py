@@ -31,6 +31,15 @@ To script what the model says, append to :attr:`FakeOpenAI.replies`: in
 ``Mode.OK`` each request takes the next one (oldest first) as its content, and
 answers the echo once they are used up.
 
+OpenAI tool calling: append a round of calls to :attr:`FakeOpenAI.tool_calls`
+(a list of ``(name, arguments JSON text)``): a request that offers ``tools``
+(and does not say ``"tool_choice": "none"``) takes the next round, oldest
+first, and is answered with those ``tool_calls`` (``content`` null,
+``finish_reason`` ``"tool_calls"``). A request whose last message is a
+``tool`` message, with no scripted reply left, is answered ``"tool said: "``
+followed by the contents of the tool messages since the last assistant
+message (so a test sees the model use what its tool returned).
+
 A request with ``"stream": true`` is answered as OpenAI streams: server-sent
 events, one ``chat.completion.chunk`` per word of the content, then ``data:
 [DONE]``. To see that a stream really flows, :meth:`FakeOpenAI.hold_stream` a
@@ -152,8 +161,17 @@ class _Handler(BaseHTTPRequestHandler):
         elif mode is Mode.NULL_CONTENT:
             self._reply(200, json.dumps(_completion(body, None)).encode())
         else:
+            calls = fake._next_tool_calls(body)
+            if calls is not None:
+                self._reply(200, json.dumps(_tool_completion(body, calls)).encode())
+                return
             content = fake._next_reply()
-            text = _echo(body) if content is None else content
+            if content is not None:
+                text = content
+            elif _after_tool(body):
+                text = _quote_tools(body)
+            else:
+                text = _echo(body)
             if isinstance(body, dict) and body.get("stream") is True:
                 self._stream(body, text)
             else:
@@ -193,6 +211,34 @@ def _echo(body: Any) -> str:
     return f"echo: {last}"
 
 
+def _after_tool(body: Any) -> bool:
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list) or not messages:
+        return False
+    return isinstance(messages[-1], dict) and messages[-1].get("role") == "tool"
+
+
+def _quote_tools(body: dict[str, Any]) -> str:
+    """``tool said: ...``: the tool messages after the last assistant message."""
+    said: list[str] = []
+    for message in body["messages"]:
+        if message.get("role") == "assistant":
+            said = []
+        elif message.get("role") == "tool":
+            said.append(str(message.get("content", "")))
+    return "tool said: " + " | ".join(said)
+
+
+def _tool_completion(body: Any, calls: list[tuple[str, str]]) -> dict[str, Any]:
+    done = _completion(body, None)
+    done["choices"][0]["finish_reason"] = "tool_calls"
+    done["choices"][0]["message"]["tool_calls"] = [
+        {"id": f"call_{i}", "type": "function",
+         "function": {"name": name, "arguments": arguments}}
+        for i, (name, arguments) in enumerate(calls)]
+    return done
+
+
 def _chunk(body: Any, delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
     model = body.get("model") if isinstance(body, dict) else None
     return {"id": "chatcmpl-fake", "object": "chat.completion.chunk",
@@ -222,6 +268,8 @@ class FakeOpenAI:
         self.slow_s = slow_s
         self._requests: list[RecordedRequest] = []
         self.replies: list[str] = []  # scripted contents, taken oldest first in Mode.OK
+        # scripted tool-call rounds, (name, arguments JSON) each, for requests offering tools
+        self.tool_calls: list[list[tuple[str, str]]] = []
         self._gates: dict[str, _Gate] = {}
         self._stream_gates: dict[str, _Gate] = {}
         self._dropped: set[str] = set()
@@ -336,6 +384,13 @@ class FakeOpenAI:
         with self._lock:
             assert self._requests, "no request received"
             return self._requests[-1]
+
+    def _next_tool_calls(self, body: Any) -> list[tuple[str, str]] | None:
+        if not isinstance(body, dict) or not body.get("tools") or \
+                body.get("tool_choice") == "none":
+            return None
+        with self._lock:
+            return self.tool_calls.pop(0) if self.tool_calls else None
 
     def _next_reply(self) -> str | None:
         with self._lock:

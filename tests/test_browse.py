@@ -223,8 +223,8 @@ def test_pin_and_unpin_episodes_and_facts(services: Services, clock: ManualClock
     assert [(r["writer"], json.loads(r["before"])["memory_level"],
              json.loads(r["after"])["memory_level"]) for r in log] == [
         ("test", "normal", "seared")]
-    for ref in (gist, lives, plain):
-        change(services.owner(ref.kind), ref, "unpin", "test")
+    for ref in (gist, lives, plain):  # unpinning lowers a level: the user's alone
+        change(services.owner(ref.kind), ref, "unpin", "user")
     # unpinned ones fall back to vivid; one that was not pinned is left alone
     assert levels(services, gist, lives, plain) == ["vivid", "vivid", "normal"]
 

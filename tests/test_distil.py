@@ -51,6 +51,18 @@ LINES = [
 ]
 
 
+@pytest.fixture
+def memory(make_settings: Callable[..., Settings], clock: ManualClock,
+           embedder: Any) -> Iterator[Memory]:
+    """The windows here repeat the same six lines by design (what is tested is how
+    transcript is cut into episodes), so near-duplicate refusal is off
+    (``duplicate_similarity`` above 1); tests/test_duplicates.py tests it."""
+    mem = Memory(make_settings(memory={"duplicate_similarity": 1.01}), clock=clock,
+                 embedder=embedder)
+    yield mem
+    mem.close()
+
+
 def ctx_for(memory: Memory, clock: ManualClock, settings: Settings | None = None,
             writer: Any = None) -> JobContext:
     settings = settings or memory.settings

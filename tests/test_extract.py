@@ -38,7 +38,9 @@ def say(memory: Memory, clock: ManualClock, lines: list[tuple[str, str]],
         clock.advance(60)
         ids.append(memory.add_turn(TurnIn(channel=CHANNEL, source=source, speaker=speaker,
                                           content=text)))
-    memory.add_episode(EpisodeIn(channel=CHANNEL, source="user", gist="a chat", cites=ids))
+    # a gist of its own: the same gist twice is a near-duplicate (runtime.duplicates)
+    memory.add_episode(EpisodeIn(channel=CHANNEL, source="user", gist=f"a chat at turn {ids[0]}",
+                                 cites=ids))
     return ids
 
 

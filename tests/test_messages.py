@@ -13,10 +13,14 @@ import pytest
 from pydantic import ValidationError
 
 from actors import messages as m
+from runtime.digests import DigestBatch, DigestIn
 from runtime.episodes import EpisodeIn
 from runtime.facts import FactIn
+from runtime.mood import MoodIn
 from runtime.portrait import PortraitIn, PortraitLine
+from runtime.threads import ThreadChange
 from runtime.transcript import Location, TurnIn
+from runtime.user_profile import ProfileOp
 
 ITEM = m.MemoryItem(ref="turn:3", kind="turn", item_id=3, text="[2024-01-01] user: hi",
                     score=0.9, relevance=0.8, channel="chat", created_at=1.5, turns=[3],
@@ -49,6 +53,10 @@ SAMPLES: list[m.Message] = [
     m.Embed(texts=["a", "b"]),
     m.Embedded.of("model/x", np.eye(2, 4, dtype=np.float32)),
     m.Recall(query="where?", max_items=5, max_tokens=100, now=3.0, exclude=["turn:1"]),
+    m.Recall(query="the garage code?", person="Ana"),
+    m.MemoryItem(ref="fact:9", kind="fact", item_id=9, text="The garage code is 4471.",
+                 score=0.9, relevance=0.8, channel=None, created_at=1.5, turns=[], tokens=6,
+                 sensitive=True, person="Ana"),
     ITEM,
     m.Recalled(query="where?", items=[ITEM], degraded=True, reason="index down",
                elapsed_ms=1.2),
@@ -58,6 +66,8 @@ SAMPLES: list[m.Message] = [
     m.FindMemories(text="locker code", limit=5),
     MATCH,
     m.MemoryMatches(items=[MATCH]),
+    m.NearestMemory(kind="fact", text="user: the spare key is under the pot", subject="user"),
+    m.NearestFound(item_id=3, similarity=0.95),
     m.AddEpisode(episode=EpisodeIn(channel="c", source="user", gist="g", cites=[1, 2])),
     m.EpisodeWritten(episode_id=7),
     m.AddFact(fact=FactIn(kind="place", subject="Ana", key="lives_in", value="Porto")),
@@ -66,8 +76,20 @@ SAMPLES: list[m.Message] = [
         section="people", text="Ana: Caroline's sister", refs=["fact:2", "episode:1"])],
         signature="abc", how="offline")),
     m.PortraitWritten(portrait_id=3),
+    m.WriteDigests(batch=DigestBatch(digests=[DigestIn(
+        period="week", key="2026-W27", starts_at=1.0, ends_at=2.0, text="A quiet week.",
+        refs=["episode:1"], how="llm")], prune=[4])),
+    m.DigestsWritten(digest_ids=[5]),
+    m.UpdateProfile(ops=[ProfileOp(field="goals", op="done", value="earn the CKA")]),
+    m.ProfileUpdated(changes=["goals: 1 done (now milestones)"]),
+    m.UpdateThread(change=ThreadChange(episode_id=4, change="resolve", at=9.0, resolved_by=7)),
+    m.AddMood(mood=MoodIn(valence=-0.4, energy=0.3, warmth=0.6, why="2 new turns",
+                          through_turn=12)),
+    m.MoodWritten(mood_id=2),
     m.ChangeMemory(ref="turn:12", change="disable"),
     m.ChangeMemory(ref="episode:3", change="pin"),
+    m.ChangeMemory(ref="turn:5", change="sensitive"),
+    m.ChangeMemory(ref="fact:5", change="not_sensitive"),
     m.EditMemory(ref="fact:7", text="Ana lives in Lisbon now", writer="http"),
     m.BrowseMemories(kinds=["turn", "fact"], text="boiler", since=1.0, until=2.0,
                      include_disabled=False, oldest_first=True, limit=10, offset=20),

@@ -69,8 +69,10 @@ class Household:
             ids.append(self.say(day, 19, f"Tell me about {nonsense(self.days)}."))
             self.days += 1
             self.clock.set(at(day, 21))
+            # a gist of its own: the same gist twice is a near-duplicate (runtime.duplicates)
             self.memory.add_episode(EpisodeIn(channel="voice", source="user",
-                                              gist="Caroline asked a few things", cites=ids,
+                                              gist=f"Caroline asked a few things on {day}",
+                                              cites=ids,
                                               started_at=at(day, 7), ended_at=at(day, 20)))
 
     def end_of_week(self, n: int) -> None:

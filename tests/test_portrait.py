@@ -27,7 +27,6 @@ from runtime.portrait import (
     PortraitService,
     SynthesisParams,
     current_refs,
-    run,
     synthesise,
 )
 from runtime.prompt import PORTRAIT_HEADING, build_messages, system_prompt
@@ -94,7 +93,7 @@ def test_a_new_fact_makes_a_new_version_and_no_new_fact_none(memory: Memory,
                                                              clock: ManualClock) -> None:
     ids = seed(memory, clock)
     portraits = PortraitService(memory.store)
-    first = run(ctx_for(memory, clock))
+    first = synthesise(ctx_for(memory, clock))
     assert first.items == 1
     v1 = portraits.latest()
     assert v1 is not None and v1.how == "offline" and portraits.versions() == 1
@@ -118,13 +117,13 @@ def test_a_new_fact_makes_a_new_version_and_no_new_fact_none(memory: Memory,
 
     before = log_size(memory)
     clock.advance(DAY)
-    same = run(ctx_for(memory, clock))
+    same = synthesise(ctx_for(memory, clock))
     assert (same.items, same.detail) == (0, "nothing new")
     assert portraits.versions() == 1 and log_size(memory) == before
 
     clock.advance(60)
     new = fact(memory, "Caroline", "works_at", "Google")
-    assert run(ctx_for(memory, clock)).items == 1
+    assert synthesise(ctx_for(memory, clock)).items == 1
     v2 = portraits.latest()
     assert v2 is not None and v2.id != v1.id and portraits.versions() == 2
     assert v2.lines != v1.lines
@@ -136,7 +135,7 @@ def test_a_new_fact_makes_a_new_version_and_no_new_fact_none(memory: Memory,
 def test_a_forgotten_fact_leaves_the_shown_portrait_at_once_and_the_next_version(
         memory: Memory, clock: ManualClock) -> None:
     ids = seed(memory, clock)
-    run(ctx_for(memory, clock))
+    synthesise(ctx_for(memory, clock))
     reader = PortraitReader(lambda: memory.store)
     shown = reader.lines()
     assert any(f"fact:{ids['ocean']}" in line.refs for line in shown)
@@ -144,7 +143,7 @@ def test_a_forgotten_fact_leaves_the_shown_portrait_at_once_and_the_next_version
     assert not any(f"fact:{ids['ocean']}" in line.refs for line in reader.lines())
     assert len(reader.lines()) == len(shown) - 1
     clock.advance(60)
-    assert run(ctx_for(memory, clock)).items == 1
+    assert synthesise(ctx_for(memory, clock)).items == 1
     latest = PortraitService(memory.store).latest()
     assert latest is not None
     assert all(f"fact:{ids['ocean']}" not in line.refs for line in latest.lines)
@@ -153,10 +152,10 @@ def test_a_forgotten_fact_leaves_the_shown_portrait_at_once_and_the_next_version
 
 
 def test_nothing_to_portray_ends_ok(memory: Memory, clock: ManualClock) -> None:
-    result = run(ctx_for(memory, clock))
+    result = synthesise(ctx_for(memory, clock))
     assert result.items == 0 and not result.more
     assert PortraitService(memory.store).versions() == 0
-    assert run(ctx_for(memory, clock)).detail == "nothing new"
+    assert synthesise(ctx_for(memory, clock)).detail == "nothing new"
 
 
 # -- the prompt -------------------------------------------------------------------------------

@@ -3,7 +3,7 @@
 
 Usage:
     tools/bench/locomo_recall.py DATA.json [--conversations conv-26,conv-30] [--json OUT.json]
-                                 [--subconscious]
+                                 [--subconscious] [--no-temporal]
 
 Each conversation is ingested into a fresh store through the public runtime
 API (:class:`runtime.memory.Memory`, turn times from the session dates). Each
@@ -19,6 +19,10 @@ the clock jumps past the idle window and ``consolidate`` then ``facts`` run
 (each until it reports no more work) with the offline provider, through the
 same job functions the Cron actor fires. Recall then sees episodes and facts
 beside the raw turns; an episode counts through the turns it cites.
+
+With ``--no-temporal`` recall runs without temporal recall
+(``recall.temporal = false``, :mod:`runtime.temporal_recall`), for the
+before/after comparison on the same code.
 
 Metrics per retriever (k counts cited turns):
     turn_any@5, turn_any@10  any evidence turn among the first k cited turns
@@ -210,10 +214,12 @@ def run_jobs(memory: Memory, clock: ManualClock, at: float) -> dict[str, int]:
 
 
 def run_conversation(conv: dict[str, Any], embedder: Embedder, workdir: Path,
-                     subconscious: bool = False) -> dict[str, dict[int, Scores]]:
+                     subconscious: bool = False,
+                     temporal: bool = True) -> dict[str, dict[int, Scores]]:
     """Scores per retriever and per question category."""
     data_dir = workdir / conv["sample_id"]
-    settings = load_settings(env={}, overrides={"store": {"data_dir": str(data_dir)}})
+    settings = load_settings(env={}, overrides={"store": {"data_dir": str(data_dir)},
+                                                "recall": {"temporal": temporal}})
     clock = ManualClock(0.0)
     memory = Memory(settings, clock=clock, embedder=embedder)
     t0 = time.perf_counter()
@@ -267,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", type=Path, help="keep the stores here (default: temp)")
     parser.add_argument("--subconscious", action="store_true",
                         help="run consolidate and facts (offline provider) after each session")
+    parser.add_argument("--no-temporal", action="store_true",
+                        help="recall without temporal recall (recall.temporal = false)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
 
@@ -284,8 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="locomo-") as tmp:
         workdir = args.workdir or Path(tmp)
         for conv in conversations:
-            for name, by_cat in run_conversation(conv, embedder, workdir,
-                                                 args.subconscious).items():
+            for name, by_cat in run_conversation(conv, embedder, workdir, args.subconscious,
+                                                 not args.no_temporal).items():
                 for c, s in by_cat.items():
                     totals[name][c].extend(s)
 
@@ -297,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         report[name] = {**overall.summary(), "by_category": {
             str(c): totals[name][c].summary() for c in sorted(CATEGORIES)}}
     report["subconscious"] = args.subconscious
+    report["temporal"] = not args.no_temporal
     header = ["retriever", "turn_any@5", "turn_any@10", "turn_all@10", "sess_all@10", "n",
               "p50_ms", "p99_ms"]
     print(" | ".join(header))
