@@ -78,17 +78,18 @@ from actors.remember_turn import TurnRemembering, with_acknowledgement
 from runtime import privacy
 from runtime.clock import Clock, SystemClock, household_zone, local_datetime
 from runtime.config import ChannelSettings, Settings
-from runtime.digests import TrajectoryReader
+from runtime.digests import trajectory_for
 from runtime.llm import AllProvidersFailed, ChatMessage, Completion, LLMError, LLMRequest, make_llm
 from runtime.llm_queue import LLMHealth
-from runtime.mood import MoodReader
+from runtime.mood import current_line
 from runtime.persona import PersonaLoader
 from runtime.portrait import PortraitLine, PortraitReader
 from runtime.prompt import build_messages
-from runtime.pull import RECALL_TOOL, MemoryIndex, Shown, auto_recall, pull_answer
+from runtime.pull import INDEX_FALLBACK, RECALL_TOOL, Shown, auto_recall, index_text, pull_answer
+from runtime.reader import StoreReader
 from runtime.store import Store
 from runtime.transcript import MAX_TURN_CHARS, ToolCallIn, TurnIn
-from runtime.user_profile import ProfileReader
+from runtime.user_profile import section_for
 
 log = logging.getLogger(__name__)
 
@@ -179,12 +180,9 @@ class TurnsActor:
         self.channels = ChannelQueue(partial(metrics.queue_depth, "turns_waiting"))
         # its own read connection, opened on the first seeded turn
         self.portrait = PortraitReader(partial(open_store, settings, self.clock))
-        self.mood = MoodReader(partial(open_store, settings, self.clock))  # its own connection
-        # the user profile and the trajectory (digests), read connections of their own
-        self.profile = ProfileReader(partial(open_store, settings, self.clock))
-        self.trajectory = TrajectoryReader(partial(open_store, settings, self.clock))
-        # a pull channel's stable memory index (runtime.pull), its own read connection
-        self.memory_index = MemoryIndex(partial(open_store, settings, self.clock))
+        # the profile, the trajectory (digests), the mood and a pull channel's
+        # memory index: one read connection, opened on the first turn
+        self.reader = StoreReader(partial(open_store, settings, self.clock))
         # a read connection for re-sent turns (those with a caller's request id),
         # opened on the first one
         self._replies: Store | None = None
@@ -308,7 +306,9 @@ class TurnsActor:
         index = ""
         if seeding and channel.injection == "pull":  # index, tool and auto-recall
             memories, in_prompt = auto_recall(memories)
-            index = self.memory_index.text(self.portrait.lines())
+            lines = self.portrait.lines()
+            index = self.reader.read("memory index", lambda s: index_text(s, lines),
+                                     INDEX_FALLBACK)
         messages = with_acknowledgement(build_messages(
             self.persona.load(), in_prompt,
             [_as_message(t.role, t.content) for t in past],
@@ -355,10 +355,12 @@ class TurnsActor:
         if channel.background:
             return []
         who = privacy.audience(self.settings, channel, msg.speaker)  # a guest: directives only
-        return [self.profile.section(msg.channel, msg.speaker,
-                                     stranger=who.spoken and not who.known),
-                self.trajectory.section() if channel.seed else "",
-                self.mood.line(self.clock.now()) if channel.seed else ""]  # runtime.mood
+        stranger = who.spoken and not who.known
+        now = self.clock.now()
+        read = self.reader.read
+        return [read("profile", lambda s: section_for(s, msg.channel, msg.speaker, stranger), ""),
+                read("trajectory", trajectory_for, "") if channel.seed else "",
+                read("mood", lambda s: current_line(s, now), "") if channel.seed else ""]
 
     def _portrait(self, channel: ChannelSettings) -> list[PortraitLine]:
         """The household's portrait for a seeded channel's prompt (none on a

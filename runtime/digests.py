@@ -39,7 +39,7 @@ Writes go through the job writer (``ctx.writer.write_digests``: the Graph actor
 in the actor runtime, :class:`runtime.memory.Memory` in process), with the
 write log, by writer ``synthesis``.
 
-The prompt's **Trajectory** section (:class:`TrajectoryReader`, used by the
+The prompt's **Trajectory** section (:func:`trajectory_for`, used by the
 Turns actor): the latest monthly and the weeklies after it (at most
 ``TRAJECTORY_WEEKS``), bounded to ``TRAJECTORY_CHARS``. A digest one of whose
 episodes has since become sensitive, been disabled or forgotten is not shown
@@ -51,8 +51,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime, timedelta, tzinfo
 from typing import Annotated, Any, Literal
@@ -244,33 +243,9 @@ def trajectory_section(digests: Sequence[Digest], limit: int = TRAJECTORY_CHARS)
     return "\n".join((TRAJECTORY_HEADING, TRAJECTORY_INSTRUCTION, *bullets))
 
 
-class TrajectoryReader:
-    """The Trajectory section for the prompt, read from the store on first use
-    (thread-safe; any failure reads as no section)."""
-
-    def __init__(self, open_store: Callable[[], Store]) -> None:
-        self._open = open_store
-        self._store: Store | None = None
-        self._lock = threading.Lock()
-
-    def section(self) -> str:
-        with self._lock:
-            try:
-                if self._store is None:
-                    self._store = self._open()
-                return trajectory_section(trajectory(self._store))
-            except Exception as exc:  # a digest never costs a turn
-                log.warning("trajectory unavailable: %s", type(exc).__name__)
-                return ""
-
-    def close(self) -> None:
-        with self._lock:
-            if self._store is not None:
-                self._store.close()
-                self._store = None
-
-
-# -- periods ------------------------------------------------------------------------
+def trajectory_for(store: Store) -> str:
+    """The Trajectory section for the prompt, from the store."""
+    return trajectory_section(trajectory(store))
 
 
 @dataclass(frozen=True)

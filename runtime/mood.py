@@ -4,7 +4,7 @@ A mood is a valence (-1 bad .. 1 good), an energy (0 tired .. 1 lively), a
 warmth toward the household (0 cold .. 1 warm) and one line of why. Each
 reading is a row of ``mood`` (migration 0016): history is kept, the newest is
 current. It is shown to the model as one line of the system prompt
-(:func:`mood_line`, read by the Turns actor through :class:`MoodReader`) and
+(:func:`mood_line`, read by the Turns actor through :func:`current_line`) and
 pulls mood-congruent episodes up a little in recall (:func:`congruence_bonus`).
 
 **How it is computed** (the consolidate job, :func:`update_mood`), honestly:
@@ -27,8 +27,6 @@ prompt and recall use is the latest reading decayed to now (:func:`current`).
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Literal
 
@@ -163,35 +161,10 @@ def mood_line(mood: Mood) -> str:
             f"warmth {mood.warmth:.2f}); why: {mood.why}")
 
 
-class MoodReader:
-    """The current mood's line for the prompt, read from the store on its own
-    connection (opened on first use). Thread-safe; any failure reads as no
-    mood (a mood never costs a turn)."""
-
-    def __init__(self, open_store: Callable[[], Store]) -> None:
-        self._open = open_store
-        self._store: Store | None = None
-        self._lock = threading.Lock()
-
-    def line(self, now: float) -> str:
-        with self._lock:
-            try:
-                if self._store is None:
-                    self._store = self._open()
-                mood = current(MoodService(self._store).latest(), now)
-                return "" if mood is None else mood_line(mood)
-            except Exception as exc:
-                log.warning("mood unavailable: %s", type(exc).__name__)
-                return ""
-
-    def close(self) -> None:
-        with self._lock:
-            if self._store is not None:
-                self._store.close()
-                self._store = None
-
-
-# -- the consolidate job's part ----------------------------------------------------
+def current_line(store: Store, now: float) -> str:
+    """The current mood's line for the prompt ("" when there is none yet)."""
+    mood = current(MoodService(store).latest(), now)
+    return "" if mood is None else mood_line(mood)
 
 
 @dataclass(frozen=True)

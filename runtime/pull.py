@@ -4,7 +4,7 @@ A channel's ``injection`` (``runtime.config.ChannelSettings``) says how memory
 reaches the language model. ``push`` (the default) puts the recalled memories
 in the prompt. ``pull`` (ChatCLI's "index" mode) puts in their place:
 
-* a small, **stable index** (:class:`MemoryIndex`) right after the persona: the
+* a small, **stable index** (:func:`index_text`) right after the persona: the
   portrait's first line, how many facts (by kind) and episodes are kept, and
   the main subjects of the facts. It is built from the store alone, in a fixed
   order, so it is byte-identical from one turn to the next while memory does
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
@@ -128,32 +127,8 @@ class ToolError(ValueError):
 # -- the stable index --------------------------------------------------------------
 
 
-class MemoryIndex:
-    """The pull prompt's stable index, read from the store (its own read
-    connection, opened on first use; thread-safe). Nothing in it depends on
-    the turn, the clock or the order rows were read in."""
-
-    def __init__(self, open_store: Callable[[], Store]) -> None:
-        self._open = open_store
-        self._store: Store | None = None
-        self._lock = threading.Lock()
-
-    def text(self, portrait: Sequence[SummaryLine] = ()) -> str:
-        """The index section (heading, instruction, then what is kept)."""
-        with self._lock:
-            try:
-                if self._store is None:
-                    self._store = self._open()
-                return index_text(self._store, portrait)
-            except Exception as exc:  # the index never costs a turn: the tool still works
-                log.warning("memory index unavailable: %s", type(exc).__name__)
-                return f"{INDEX_HEADING}\n{INDEX_INSTRUCTION}"
-
-    def close(self) -> None:
-        with self._lock:
-            if self._store is not None:
-                self._store.close()
-                self._store = None
+# The index when the store cannot be read: the tool still works.
+INDEX_FALLBACK = f"{INDEX_HEADING}\n{INDEX_INSTRUCTION}"
 
 
 def index_text(store: Store, portrait: Sequence[SummaryLine] = ()) -> str:

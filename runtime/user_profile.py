@@ -39,7 +39,7 @@ Written through one path: :class:`ProfileService` on the Graph actor
 (``UpdateProfile``) or :class:`runtime.memory.Memory` in process, with the
 write log.
 
-The prompt's section (:func:`profile_section`, :class:`ProfileReader` for the
+The prompt's section (:func:`profile_section`, :func:`section_for` for the
 Turns actor): the active scalars and list items, and the directives in scope,
 bounded to :data:`PROFILE_CHARS`. An unknown speaker on a spoken channel (a
 guest at the voice satellite: ``runtime.privacy``) gets the directives only,
@@ -50,8 +50,7 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -384,29 +383,9 @@ def profile_section(items: Sequence[ProfileItem], channel: str | None, speaker: 
     return "\n".join((PROFILE_HEADING, PROFILE_INSTRUCTION, *body))
 
 
-class ProfileReader:
-    """The profile section for a turn's prompt, read from the store on each turn
-    (its own connection, opened on first use; thread-safe; any failure reads as
-    no section)."""
+def section_for(store: Store, channel: str | None, speaker: str | None,
+                stranger: bool = False) -> str:
+    """The profile section for a turn's prompt, from the store."""
+    return profile_section(ProfileService(store).items(), channel, speaker, stranger=stranger)
 
-    def __init__(self, open_store: Callable[[], Store]) -> None:
-        self._open = open_store
-        self._store: Store | None = None
-        self._lock = threading.Lock()
 
-    def section(self, channel: str | None, speaker: str | None, stranger: bool = False) -> str:
-        with self._lock:
-            try:
-                if self._store is None:
-                    self._store = self._open()
-                return profile_section(ProfileService(self._store).items(), channel, speaker,
-                                       stranger=stranger)
-            except Exception as exc:  # a profile never costs a turn
-                log.warning("profile unavailable: %s", type(exc).__name__)
-                return ""
-
-    def close(self) -> None:
-        with self._lock:
-            if self._store is not None:
-                self._store.close()
-                self._store = None
