@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +18,37 @@ import pytest
 
 REVERIE = [sys.executable, "-m", "actors.cli"]
 START_TIMEOUT_S = 300.0
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def runtime_env(data: Path, namespace: str, model_cache: Path, config: str | None = None,
+                **extra: str) -> dict[str, str]:
+    """The environment of a test's ``reverie run`` and its client commands: its
+    data directory, namespace and persona directory, the session's model cache,
+    the repository on PYTHONPATH (test jobs), and a configuration file holding
+    ``config`` (without it, no file: the packaged defaults); ``extra`` last."""
+    env = {**os.environ, "REVERIE_DATA_DIR": str(data), "REVERIE_RUNTIME__NAMESPACE": namespace,
+           "REVERIE_EMBEDDER__CACHE_DIR": str(model_cache),
+           "REVERIE_PERSONA__GLOBAL_DIR": str(data / "persona"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                       os.environ.get("PYTHONPATH")]))}
+    env.pop("REVERIE_CONFIG", None)
+    if config is not None:
+        path = data / "reverie.toml"
+        path.write_text(config)
+        env["REVERIE_CONFIG"] = str(path)
+    env.update(extra)
+    return env
+
+
+@contextmanager
+def joined_runtime(env: dict[str, str], ray_address: str) -> Iterator[dict[str, str]]:
+    """``reverie run --address`` on the test session's Ray instance with ``env``;
+    stopped by SIGTERM at the end, which it must answer by exiting 0."""
+    proc = start_runtime(env, "--address", ray_address, cwd=ROOT)
+    yield env
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 0
 
 
 def start_runtime(env: dict[str, str], *args: str,

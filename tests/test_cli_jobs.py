@@ -5,8 +5,6 @@ through ``reverie import``, and every job run on it."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -21,7 +19,7 @@ from actors.messages import Embed, Embedded
 from runtime import jobs
 from runtime.config import JOB_NAMES
 from runtime.job_context import JobContext, JobResult
-from tests.reverie_process import start_runtime
+from tests.reverie_process import joined_runtime, runtime_env
 
 REVERIE = [sys.executable, "-m", "actors.cli"]
 NS = "test-cli-jobs"
@@ -56,22 +54,14 @@ def details_under(table: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def running(ray_instance: str, tmp_path_factory: pytest.TempPathFactory,
             model_cache: Path) -> Iterator[dict[str, str]]:
-    data = tmp_path_factory.mktemp("cli-jobs-data")
-    config = data / "reverie.toml"
     # the real jobs are listed; two test jobs are added for the exit codes, one
     # that tells the embedder its context holds
-    config.write_text('[jobs]\nextra = { ok = "tests.jobs_for_tests:ok", '
-                      'boom = "tests.jobs_for_tests:boom", '
-                      'embeds = "tests.test_cli_jobs:embeds" }\n')
-    env = {**os.environ, "REVERIE_DATA_DIR": str(data), "REVERIE_CONFIG": str(config),
-           "REVERIE_RUNTIME__NAMESPACE": NS, "REVERIE_EMBEDDER__CACHE_DIR": str(model_cache),
-           "REVERIE_PERSONA__GLOBAL_DIR": str(data / "persona"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
-                                                       os.environ.get("PYTHONPATH")]))}
-    proc = start_runtime(env, "--address", ray_instance, cwd=ROOT)
-    yield env
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 0
+    config = ('[jobs]\nextra = { ok = "tests.jobs_for_tests:ok", '
+              'boom = "tests.jobs_for_tests:boom", '
+              'embeds = "tests.test_cli_jobs:embeds" }\n')
+    env = runtime_env(tmp_path_factory.mktemp("cli-jobs-data"), NS, model_cache, config)
+    with joined_runtime(env, ray_instance):
+        yield env
 
 
 def test_jobs_json_shape(running: dict[str, str]) -> None:

@@ -8,8 +8,6 @@ actions ``/sensitive`` and ``/not-sensitive``."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -21,7 +19,7 @@ from fake_openai import FakeOpenAI, Mode
 
 from actors.handles import HttpClient, TranscriptClient, TurnsClient
 from actors.messages import UserTurn
-from tests.reverie_process import reverie, start_runtime
+from tests.reverie_process import joined_runtime, reverie, runtime_env
 
 NS = "test-privacy"
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,21 +36,12 @@ def server() -> Iterator[FakeOpenAI]:
 @pytest.fixture(scope="module")
 def running(ray_instance: str, server: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory,
             model_cache: Path) -> Iterator[dict[str, str]]:
-    data = tmp_path_factory.mktemp("privacy-data")
-    config = data / "reverie.toml"
-    config.write_text(
-        '[household]\npeople = ["Ana", "Bob"]\n\n[http]\nport = 0\n\n'
-        f'[[llm.providers]]\nname = "local"\nbase_url = "{server.base_url}"\n'
-        'model = "tiny"\ntimeout_s = 30\n')
-    env = {**os.environ, "REVERIE_DATA_DIR": str(data), "REVERIE_CONFIG": str(config),
-           "REVERIE_RUNTIME__NAMESPACE": NS, "REVERIE_EMBEDDER__CACHE_DIR": str(model_cache),
-           "REVERIE_PERSONA__GLOBAL_DIR": str(data / "persona"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
-                                                       os.environ.get("PYTHONPATH")]))}
-    proc = start_runtime(env, "--address", ray_instance, cwd=ROOT)
-    yield env
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 0
+    config = ('[household]\npeople = ["Ana", "Bob"]\n\n[http]\nport = 0\n\n'
+              f'[[llm.providers]]\nname = "local"\nbase_url = "{server.base_url}"\n'
+              'model = "tiny"\ntimeout_s = 30\n')
+    env = runtime_env(tmp_path_factory.mktemp("privacy-data"), NS, model_cache, config)
+    with joined_runtime(env, ray_instance):
+        yield env
 
 
 def cli(env: dict[str, str], *args: str) -> str:

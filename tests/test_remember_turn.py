@@ -11,8 +11,6 @@ test session's Ray, a local server speaking the OpenAI API as its model):
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import urllib.error
@@ -30,7 +28,7 @@ from runtime.config import CONFIG_DIR
 from runtime.fact_kinds import FactKinds
 from runtime.llm import OfflineProvider
 from runtime.store import Store
-from tests.reverie_process import start_runtime
+from tests.reverie_process import joined_runtime, runtime_env
 
 REVERIE = [sys.executable, "-m", "actors.cli"]
 NS = "test-remember-turn"
@@ -46,20 +44,12 @@ def server() -> Iterator[FakeOpenAI]:
 @pytest.fixture(scope="module")
 def running(ray_instance: str, server: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory,
             model_cache: Path) -> Iterator[dict[str, str]]:
-    data = tmp_path_factory.mktemp("remember-data")
-    config = data / "reverie.toml"
-    config.write_text(
-        '[[llm.providers]]\nname = "local"\n'
-        f'base_url = "{server.base_url}"\nmodel = "tiny"\ntimeout_s = 5\n')
-    env = {**os.environ, "REVERIE_DATA_DIR": str(data), "REVERIE_CONFIG": str(config),
-           "REVERIE_RUNTIME__NAMESPACE": NS, "REVERIE_EMBEDDER__CACHE_DIR": str(model_cache),
-           "REVERIE_PERSONA__GLOBAL_DIR": str(data / "persona"), "REVERIE_HTTP__PORT": "0",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
-                                                       os.environ.get("PYTHONPATH")]))}
-    proc = start_runtime(env, "--address", ray_instance, cwd=ROOT)
-    yield env
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 0
+    config = ('[[llm.providers]]\nname = "local"\n'
+              f'base_url = "{server.base_url}"\nmodel = "tiny"\ntimeout_s = 5\n')
+    env = runtime_env(tmp_path_factory.mktemp("remember-data"), NS, model_cache, config,
+                      REVERIE_HTTP__PORT="0")
+    with joined_runtime(env, ray_instance):
+        yield env
 
 
 def reverie(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

@@ -7,8 +7,6 @@ profile and the directives in scope into the system message the model receives).
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,7 +26,7 @@ from runtime.user_profile import (
     profile_section,
     split_items,
 )
-from tests.reverie_process import start_runtime
+from tests.reverie_process import joined_runtime, runtime_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -183,19 +181,11 @@ def server() -> Iterator[FakeOpenAI]:
 @pytest.fixture(scope="module")
 def running(ray_instance: str, server: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory,
             model_cache: Path) -> Iterator[dict[str, str]]:
-    data = tmp_path_factory.mktemp("profile-data")
-    config = data / "reverie.toml"
-    config.write_text(f'[[llm.providers]]\nname = "local"\nbase_url = "{server.base_url}"\n'
-                      'model = "tiny"\ntimeout_s = 10\n[household]\npeople = ["Caroline"]\n')
-    env = {**os.environ, "REVERIE_DATA_DIR": str(data), "REVERIE_CONFIG": str(config),
-           "REVERIE_RUNTIME__NAMESPACE": NS, "REVERIE_EMBEDDER__CACHE_DIR": str(model_cache),
-           "REVERIE_PERSONA__GLOBAL_DIR": str(data / "persona"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
-                                                       os.environ.get("PYTHONPATH")]))}
-    proc = start_runtime(env, "--address", ray_instance, cwd=ROOT)
-    yield env
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=120) == 0
+    config = (f'[[llm.providers]]\nname = "local"\nbase_url = "{server.base_url}"\n'
+              'model = "tiny"\ntimeout_s = 10\n[household]\npeople = ["Caroline"]\n')
+    env = runtime_env(tmp_path_factory.mktemp("profile-data"), NS, model_cache, config)
+    with joined_runtime(env, ray_instance):
+        yield env
 
 
 def reverie(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
