@@ -8,7 +8,7 @@ speaks it) and the 2026 per-request protocol are served on the same path. The
 tools:
 
 * ``recall``: what memory holds about a question or topic;
-* ``remember``: keep a fact (as ``reverie remember``);
+* ``remember``: keep a fact (as ``reverie remember``, with its ``level``);
 * ``forget``: delete one memory by its ref, for good;
 * ``timeline``: what was remembered within a time window, oldest first (times
   read in the household's time zone, ``household.timezone``);
@@ -47,7 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta, tzinfo
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -99,6 +99,9 @@ class RememberArgs(_Args):
     text: str = Field(min_length=1, max_length=MAX_TURN_CHARS,
                       description="One self-contained statement naming who or what it is "
                                   "about, e.g. 'Ana is allergic to peanuts'.")
+    level: Literal["normal", "vivid", "seared"] = Field(
+        default="normal", description="How deeply to keep it: vivid never fades below "
+                                      "half, seared never fades (only when the user asks).")
 
 
 class ForgetArgs(_Args):
@@ -356,8 +359,8 @@ class Tools:
         return "\n".join(lines), answer
 
     async def _remember(self, args: RememberArgs) -> tuple[str, RememberAnswer]:
-        ref, action = await self._call("remember", lambda: self.backend.remember(args.text),
-                                       writes=True)
+        ref, action = await self._call(
+            "remember", lambda: self.backend.remember(args.text, args.level), writes=True)
         return f"Remembered as {ref} ({action}).", RememberAnswer(ref=ref, action=action)
 
     async def _forget(self, args: ForgetArgs) -> tuple[str, ForgetAnswer]:

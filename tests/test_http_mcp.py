@@ -156,6 +156,24 @@ def test_lists_exactly_the_five_tools(api: Api, mode: str) -> None:
     assert tools["remember"].annotations.read_only_hint is False
 
 
+def test_remember_keeps_the_level_asked_for(api: Api) -> None:
+    word = f"zq{uuid.uuid4().hex[:10]}"
+    result = call(api, "remember", {"text": f"Our wedding day was at the {word} chapel",
+                                    "level": "seared"})
+    assert not result.is_error, text(result)
+    ref = result.structured_content["ref"]
+    conn = http.client.HTTPConnection(urlsplit(api.base).netloc, timeout=60)
+    try:
+        conn.request("GET", f"/v1/memories/{ref}",
+                     headers={"Authorization": f"Bearer {api.token}"})
+        got = conn.getresponse()
+        assert got.status == 200 and json.loads(got.read())["level"] == "seared"
+    finally:
+        conn.close()
+    bad = call(api, "remember", {"text": f"the {word} shed", "level": "faint"})
+    assert bad.is_error and "level" in text(bad)
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_remember_recall_forget(api: Api, mode: str) -> None:
     word = f"zq{uuid.uuid4().hex[:10]}"
@@ -248,7 +266,7 @@ class StuckBackend:
         self._wait()
         return Recalled(query=msg.query, items=[])
 
-    def remember(self, text: str) -> tuple[str, str]:
+    def remember(self, text: str, level: str = "normal") -> tuple[str, str]:
         self._wait()
         return "fact:1", "added"
 
