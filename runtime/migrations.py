@@ -744,9 +744,18 @@ def migrate(conn: apsw.Connection,
         return []
     foreign_keys = _scalar(conn, "PRAGMA foreign_keys")
     conn.execute("PRAGMA foreign_keys = OFF")
+    done_now: list[str] = []
     try:
         for name, sql in pending:
-            with conn:
+            # The write lock is taken before the step is checked again: processes
+            # that open a new store at once (the actors start side by side) apply
+            # each step once, the later ones finding it recorded.
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                if list(conn.execute("SELECT 1 FROM schema_migrations WHERE name = ?",
+                                     (name,))):
+                    conn.execute("COMMIT")
+                    continue
                 conn.execute(sql)
                 broken = list(conn.execute("PRAGMA foreign_key_check"))
                 if broken:
@@ -756,10 +765,16 @@ def migrate(conn: apsw.Connection,
                     "INSERT INTO schema_migrations (name, applied_at) VALUES (?, ?)",
                     (name, time.time()),
                 )
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:  # some errors end the transaction themselves
+                    conn.execute("ROLLBACK")
+                raise
+            done_now.append(name)
             log.info("migration applied", extra={"migration": name})
     finally:
         conn.execute(f"PRAGMA foreign_keys = {'ON' if foreign_keys else 'OFF'}")
-    return [name for name, _ in pending]
+    return done_now
 
 
 def _scalar(conn: apsw.Connection, sql: str) -> object:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -120,7 +121,7 @@ class Store:
         self.fact_kinds = fact_kinds
         self.conn = apsw.Connection(str(self.path))
         self.conn.setbusytimeout(busy_timeout_ms)
-        mode = self.scalar("PRAGMA journal_mode = WAL")
+        mode = self._wal_mode(busy_timeout_ms)
         if str(mode).lower() != "wal":
             raise StoreError(f"{self.path}: could not switch to WAL (journal_mode={mode})")
         for suffix in ("-wal", "-shm"):  # left readable by an older version
@@ -139,6 +140,21 @@ class Store:
         self.conn.create_scalar_function("write_log_expiry_allowed", expiry_allowed, 0)
         self.applied_migrations = migrate(self.conn)
         self._sync_fact_kinds()
+
+    def _wal_mode(self, busy_timeout_ms: int) -> object:
+        """Switch to WAL (persistent: a no-op once the file is in WAL mode).
+
+        Processes that create the store at once (the actors start side by side)
+        race for the switch, and SQLite answers the loser "busy" at once instead
+        of waiting for it: it tries again until the busy timeout."""
+        deadline = time.monotonic() + busy_timeout_ms / 1000
+        while True:
+            try:
+                return self.scalar("PRAGMA journal_mode = WAL")
+            except apsw.BusyError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.02)
 
     # -- plumbing ---------------------------------------------------------
 

@@ -1,4 +1,5 @@
 import json
+import multiprocessing
 import os
 import signal
 import stat
@@ -6,7 +7,9 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import apsw
 import pytest
@@ -37,6 +40,28 @@ def test_migrations_from_empty_are_recorded_once(tmp_path: Path) -> None:
     again = Store(tmp_path / "m.db", KINDS)
     assert again.applied_migrations == []
     again.close()
+
+
+def _open_after(path: str, barrier: Any) -> list[str]:
+    barrier.wait(timeout=60)
+    s = Store(Path(path), KINDS)
+    try:
+        return s.applied_migrations
+    finally:
+        s.close()
+
+
+def test_processes_opening_a_new_store_at_once_apply_each_migration_once(
+        tmp_path: Path) -> None:
+    """The actors start side by side and each opens the store: every process
+    opens it, and between them each migration was applied exactly once."""
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Manager().Barrier(4)
+    with ProcessPoolExecutor(4, mp_context=ctx) as pool:
+        opened = [f.result(timeout=120) for f in [
+            pool.submit(_open_after, str(tmp_path / "race.db"), barrier) for _ in range(4)]]
+    applied = sorted(name for names in opened for name in names)
+    assert applied == sorted(name for name, _ in MIGRATIONS)
 
 
 def test_unknown_migration_in_database_is_refused(tmp_path: Path) -> None:
