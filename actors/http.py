@@ -26,6 +26,12 @@ from runtime.config import Settings
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 10.0
+# A request's head (request line and headers) may be this long: the longest
+# legal GET (a search text of MAX_QUERY_CHARS characters, 12 bytes each when
+# percent-encoded, and the other parameters) fits with room to spare. A longer
+# head is refused by h11 with 400 and the connection closed (h11's 16 KiB
+# default was shorter than a query the API allowed: the fuzz test got a reset).
+MAX_HEAD_BYTES = 64 * 1024
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -71,7 +77,8 @@ class HttpActor:
         # asyncio and h11 whatever else is installed: the stack measured and tested
         config = uvicorn.Config(app, log_level="warning", access_log=False,
                                 server_header=False, timeout_graceful_shutdown=5,
-                                loop="asyncio", http="h11", ws="none", lifespan="on")
+                                loop="asyncio", http="h11", ws="none", lifespan="on",
+                                h11_max_incomplete_event_size=MAX_HEAD_BYTES)
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run,
                                         kwargs={"sockets": [self._sock]},

@@ -44,6 +44,11 @@ from runtime.files import write_private
 log = logging.getLogger(__name__)
 
 TOKEN_FILE = "http-token"
+# The longest search text a GET takes in its query string (recall, the words
+# filter): a question, not a document; longer texts go in a POST body. Bounds
+# the request line (at most 12 bytes a character, percent-encoded) well under
+# the server's limit for a request's head (actors/http.py, MAX_HEAD_BYTES).
+MAX_QUERY_CHARS = 2000
 
 
 # -- the token ----------------------------------------------------------------
@@ -260,7 +265,7 @@ def make_app(settings: Settings, token: str, backend: Backend) -> Any:
                                             speaker=body.speaker)))
 
     @app.get("/v1/recall", response_model=Recalled, tags=["memories"])
-    def get_recall(q: str = Query(min_length=1, max_length=MAX_TURN_CHARS),
+    def get_recall(q: str = Query(min_length=1, max_length=MAX_QUERY_CHARS),
                    limit: int | None = Query(default=None, ge=0, le=200)) -> Recalled:
         """What recall finds for ``q`` (as ``reverie recall``)."""
         return backend.recall(Recall(query=q, max_items=limit))

@@ -38,7 +38,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from actors.http_app import Changed
+from actors.http_app import MAX_QUERY_CHARS, Changed
 from actors.http_backend import Backend
 from actors.messages import MAX_TURN_CHARS, BrowseMemories, MemoryPage, MemoryView
 from runtime import timeline as timelines
@@ -129,7 +129,7 @@ KindParam = Annotated[list[str] | None, Query(
     description="Kinds to list: `turn`, `episode`, `fact`; repeat the parameter or "
                 "separate them with commas. Default: all three.")]
 TextParam = Annotated[str | None, Query(
-    max_length=MAX_TURN_CHARS,
+    max_length=MAX_QUERY_CHARS,
     description="Only memories containing every word of this (plain words).")]
 SinceParam = Annotated[str | None, Query(
     max_length=64, description="Written at or after this time: epoch seconds or an "
