@@ -19,7 +19,6 @@ from runtime.store import Store
 log = logging.getLogger(__name__)
 
 TRANSCRIPT = "transcript"
-EMBEDDER = "embedder"
 RECALL = "recall"
 EPISODES = "episodes"
 GRAPH = "graph"
@@ -29,7 +28,7 @@ CRON = "cron"
 EDGE = "edge"
 HTTP = "http"
 # Long-lived actors, in start order; Cron (the subconscious' runner) comes last.
-ACTORS = (EMBEDDER, TRANSCRIPT, RECALL, EPISODES, GRAPH, TURNS, CRON)
+ACTORS = (TRANSCRIPT, RECALL, EPISODES, GRAPH, TURNS, CRON)
 
 
 def actors_for(settings: Settings) -> tuple[str, ...]:

@@ -1,4 +1,8 @@
-"""The Embedder actor: owns the one ONNX session, shared by every other actor."""
+"""The embedding model as other actors see it: the Recall actor's ONNX session.
+
+The Recall actor owns the one model of the runtime (``actors.recall``); a job
+actor that needs vectors borrows it through :class:`RemoteEmbedder` instead of
+loading a session of its own."""
 
 from __future__ import annotations
 
@@ -7,43 +11,23 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from actors.common import EMBEDDER, accept, setup_logging
-from actors.handles import EmbedderClient
-from actors.messages import MAX_BATCH, Embed, Embedded
-from runtime.config import Settings
-from runtime.embedder import make_embedder
+from actors.handles import RecallClient
+from actors.messages import MAX_BATCH, Embed
 
 log = logging.getLogger(__name__)
 
 
-class EmbedderActor:
-    def __init__(self, settings: Settings) -> None:
-        setup_logging(settings, EMBEDDER)
-        self.embedder = make_embedder(settings.embedder)
-        self.embedder.embed(["warm up"])  # export/load the model now, not on first use
-
-    def info(self) -> tuple[str, int]:
-        return self.embedder.name, self.embedder.dim
-
-    def embed(self, msg: Embed) -> Embedded:
-        msg = accept(Embed, msg)
-        return Embedded.of(self.embedder.name, self.embedder.embed(msg.texts))
-
-    def ping(self) -> str:
-        return "ok"
-
-
 class RemoteEmbedder:
-    """The :class:`runtime.embedder.Embedder` protocol, answered by the Embedder actor.
+    """The :class:`runtime.embedder.Embedder` protocol, answered by the Recall actor.
 
     Texts go in calls of at most ``batch`` (at most ``MAX_BATCH``, what one
     ``Embed`` may carry): a job's many texts neither exceed a message nor hold
-    the actor, which embeds one call at a time, for long against recall."""
+    the actor, which answers one call at a time, for long against recall."""
 
-    def __init__(self, client: EmbedderClient, batch: int = MAX_BATCH) -> None:
+    def __init__(self, client: RecallClient, batch: int = MAX_BATCH) -> None:
         self.client = client
         self.batch = max(1, min(batch, MAX_BATCH))
-        self.name, self.dim = client.info()
+        self.name, self.dim = client.embedder_info()
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         if not texts:

@@ -27,7 +27,6 @@ from ray.exceptions import ActorDiedError, ActorUnavailableError, RayTaskError
 from actors.common import (
     CRON,
     EDGE,
-    EMBEDDER,
     EPISODES,
     GRAPH,
     HTTP,
@@ -196,16 +195,6 @@ class ActorClient:
         return self.call("ping", reply=str, retry=True, timeout=timeout)
 
 
-class EmbedderClient(ActorClient):
-    name = EMBEDDER
-
-    def info(self) -> tuple[str, int]:
-        return self.call("info", reply=tuple, retry=True)
-
-    def embed(self, msg: Embed) -> Embedded:
-        return self.call("embed", msg, reply=Embedded, retry=True)
-
-
 class TranscriptClient(ActorClient):
     name = TRANSCRIPT
 
@@ -248,6 +237,13 @@ class RecallClient(ActorClient):
 
     def recall(self, msg: Recall) -> Recalled:
         return self.call("recall", msg, reply=Recalled, retry=True)
+
+    def embedder_info(self) -> tuple[str, int]:
+        """The name and dimension of the model Recall holds."""
+        return self.call("embedder_info", reply=tuple, retry=True)
+
+    def embed(self, msg: Embed) -> Embedded:
+        return self.call("embed", msg, reply=Embedded, retry=True)
 
     def sync(self, msg: SyncIndex | None = None) -> IndexSynced:
         return self.call("sync", msg, reply=IndexSynced, retry=True)

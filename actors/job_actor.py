@@ -6,9 +6,9 @@ once and kills it when the result is back: no long-lived job actors (each
 worker costs about 62 MiB PSS). The actor builds the job's
 ``runtime.job_context.JobContext``: its own Store connection (reads), a
 :class:`actors.remote_writer.RemoteWriter` (writes go to the owner actors), the
-configured language models, the Embedder actor's model (a
+configured language models, the Recall actor's model (a
 :class:`actors.embedder.RemoteEmbedder`: a job that embeds, research, loads no
-ONNX session of its own; when the Embedder actor cannot be reached the context
+ONNX session of its own; when the Recall actor cannot be reached the context
 has none and such a job loads its own), and the clock: the system's, or fixed
 at the tick's ``now`` when the tick named one (tests and simulations jump
 time). When the run ends, the process's peak resident memory is logged (debug).
@@ -20,7 +20,7 @@ import logging
 
 from actors.common import open_store, setup_logging
 from actors.embedder import RemoteEmbedder
-from actors.handles import EmbedderClient
+from actors.handles import RecallClient
 from actors.remote_writer import RemoteWriter
 from runtime.clock import Clock, ManualClock, SystemClock
 from runtime.config import Settings
@@ -34,12 +34,12 @@ log = logging.getLogger(__name__)
 
 
 def shared_embedder(settings: Settings) -> Embedder | None:
-    """The Embedder actor's model, or None when that actor cannot be reached."""
+    """The Recall actor's model, or None when that actor cannot be reached."""
     try:
-        return RemoteEmbedder(EmbedderClient(settings.runtime.namespace),
+        return RemoteEmbedder(RecallClient(settings.runtime.namespace),
                               batch=settings.embedder.batch_size)
-    except Exception as exc:  # no Embedder actor (a Cron alone, in tests), or gone
-        log.warning("the Embedder actor is not reachable (%s): a job that embeds "
+    except Exception as exc:  # no Recall actor (a Cron alone, in tests), or gone
+        log.warning("the Recall actor is not reachable (%s): a job that embeds "
                     "loads its own model", type(exc).__name__)
         return None
 

@@ -1,5 +1,11 @@
-"""The Recall actor: owns the vectors table and the hnswlib indexes; answers recall
-(and, reading the store, finds and browses memories for people)."""
+"""The Recall actor: owns the ONNX embedding session, the vectors table and the
+hnswlib indexes; answers recall (and, reading the store, finds and browses
+memories for people), and embeds for the jobs that need vectors.
+
+The model lives here, not in an actor of its own: recall is its main user (the
+query embedding is on every turn's path), and a separate Embedder actor cost a
+Ray worker (≈ 62 MiB PSS, ≈ 0.5 % of a core idle) and a call per recall and per
+indexing batch (docs/benchmarks.md, "Fewer long-lived actors")."""
 
 from __future__ import annotations
 
@@ -10,12 +16,13 @@ import ray
 
 from actors import metrics
 from actors.common import accept, bad_request, open_store, setup_logging
-from actors.embedder import RemoteEmbedder
-from actors.handles import EmbedderClient, NoSuchMemory
+from actors.handles import NoSuchMemory
 from actors.messages import (
     Ack,
     BrowseMemories,
     DropFromIndex,
+    Embed,
+    Embedded,
     FindMemories,
     IndexSynced,
     MemoryMatch,
@@ -33,6 +40,7 @@ from runtime import browse as browsing
 from runtime.clock import household_zone
 from runtime.config import Settings
 from runtime.duplicates import IndexFinder
+from runtime.embedder import make_embedder
 from runtime.fact_kinds import FactKinds
 from runtime.indexing import Indexer
 from runtime.recall import Recaller
@@ -49,7 +57,8 @@ class RecallActor:
     def __init__(self, settings: Settings) -> None:
         setup_logging(settings, "recall")
         self.store = open_store(settings)
-        self.embedder = RemoteEmbedder(EmbedderClient(settings.runtime.namespace))
+        self.embedder = make_embedder(settings.embedder)
+        self.embedder.embed(["warm up"])  # export/load the model now, not on first use
         index_dir = settings.store.resolved_dir / "index"
         self.index = VectorIndex(self.store, index_dir, self.embedder.name, self.embedder.dim)
         self.indexer = Indexer(self.store, self.index, self.embedder,
@@ -61,6 +70,15 @@ class RecallActor:
         self.duplicates = IndexFinder(self.store, self.index, self.embedder)
         self.indexer.drop_stale_models()
         self._unsaved = self.indexer.sync()  # catch up with rows written while down
+
+    def embedder_info(self) -> tuple[str, int]:
+        """The model's name and dimension (``actors.embedder.RemoteEmbedder``)."""
+        return self.embedder.name, self.embedder.dim
+
+    def embed(self, msg: Embed) -> Embedded:
+        """Vectors for a job's texts (at most ``MAX_BATCH`` a call)."""
+        msg = accept(Embed, msg)
+        return Embedded.of(self.embedder.name, self.embedder.embed(msg.texts))
 
     def recall(self, msg: Recall) -> Recalled:
         msg = accept(Recall, msg)

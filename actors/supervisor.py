@@ -23,7 +23,6 @@ import ray
 from actors.common import (
     CRON,
     EDGE,
-    EMBEDDER,
     EPISODES,
     GRAPH,
     HTTP,
@@ -34,12 +33,10 @@ from actors.common import (
 )
 from actors.cron import CronActor
 from actors.edge import EdgeActor
-from actors.embedder import EmbedderActor
 from actors.handles import (
     ActorClient,
     CronClient,
     EdgeClient,
-    EmbedderClient,
     EpisodesClient,
     GraphClient,
     HttpClient,
@@ -66,18 +63,18 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CLASSES: dict[str, type] = {
-    EMBEDDER: EmbedderActor, TRANSCRIPT: TranscriptActor, RECALL: RecallActor,
+    TRANSCRIPT: TranscriptActor, RECALL: RecallActor,
     EPISODES: EpisodesActor, GRAPH: GraphActor, TURNS: TurnsActor, CRON: CronActor,
     EDGE: EdgeActor, HTTP: HttpActor,
 }
 CLIENTS: dict[str, type[ActorClient]] = {
-    EMBEDDER: EmbedderClient, TRANSCRIPT: TranscriptClient, RECALL: RecallClient,
+    TRANSCRIPT: TranscriptClient, RECALL: RecallClient,
     EPISODES: EpisodesClient, GRAPH: GraphClient, TURNS: TurnsClient, CRON: CronClient,
     EDGE: EdgeClient, HTTP: HttpClient,
 }
 # Calls a restarted actor may safely see again: appends carry request ids,
 # recall and embedding are reads.
-RETRIES: dict[str, int] = {EMBEDDER: 3, TRANSCRIPT: 3, RECALL: 3, EPISODES: 0, GRAPH: 0,
+RETRIES: dict[str, int] = {TRANSCRIPT: 3, RECALL: 3, EPISODES: 0, GRAPH: 0,
                            TURNS: 0, CRON: 0, EDGE: 3, HTTP: 0}
 # Turns in progress at once, across channels (the Turns actor is threaded; one
 # channel's turns still run one at a time). Every other actor runs one call at
@@ -97,10 +94,14 @@ class Supervisor:
         self.handles: dict[str, Any] = {}
         self.clients: dict[str, ActorClient] = {}
         self.names = actors_for(settings)
-        for name in self.names:  # in dependency order: embedder first, then cron, the edge
+        # Every actor is created at once, in dependency order (the names are
+        # registered as they are created, so an actor may look up one created
+        # after it), and their processes start side by side: waiting for each
+        # before creating the next cost a worker start-up apiece (cold start).
+        for name in self.names:
             self.handles[name] = self._start(name)
             self.clients[name] = CLIENTS[name](self.namespace, handle=self.handles[name])
-            self.clients[name].ping(timeout=300)
+        ray.get([self.handles[name].ping.remote() for name in self.names], timeout=300)
         self.transcript = TranscriptClient(self.namespace, handle=self.handles[TRANSCRIPT])
         self.recall = RecallClient(self.namespace, handle=self.handles[RECALL])
         self.cron = CronClient(self.namespace, handle=self.handles[CRON])

@@ -5,7 +5,7 @@ A job is a plain function ``JobFn = Callable[[JobContext], JobResult]`` in
 (its own connection) and writes only through ``ctx.writer``: in the actor
 runtime the writer forwards to the actors that own each table (Episodes,
 Graph, Transcript), in-process it is :class:`runtime.memory.Memory`. A job
-that embeds text uses ``ctx.embedder``: in the actor runtime the Embedder
+that embeds text uses ``ctx.embedder``: in the actor runtime the Recall
 actor's model (:class:`actors.embedder.RemoteEmbedder`), in-process the
 memory's own; only when it is None does a job load a model of its own. A job is
 idempotent and resumable: it commits batch by batch, stops when

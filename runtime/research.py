@@ -86,7 +86,7 @@ forgot does not come back. The value holds the title, the link and a short
 excerpt: ``«Title» from Feed name, https://... «Excerpt».``
 
 **The embedder.** ``ctx.embedder`` when the job context carries one (in the
-actor runtime, the Embedder actor's: the job actor loads no model), else the
+actor runtime, the Recall actor's: the job actor loads no model), else the
 one a test gives :class:`ResearchJob`, else one built from
 ``settings.embedder`` in the job's own process (loaded only when there is
 something new to score: a run of 304s loads no model).

@@ -277,8 +277,8 @@ def test_client_resolves_once_and_again_after_the_actor_is_gone(ray_instance: st
 
 def test_supervisor_reports_through_clients(runtime: Settings) -> None:
     status = gather_status(runtime)
-    assert set(status.actors) == {"embedder", "transcript", "recall", "episodes", "graph",
-                                  "turns", "cron", "http"}
+    assert set(status.actors) == {"transcript", "recall", "episodes", "graph", "turns",
+                                  "cron", "http"}
     assert set(status.actors.values()) == {"ok"}
     assert status.counts["transcript"] >= 1
     assert EpisodesClient(NS).ping() == "ok"

@@ -78,7 +78,7 @@ def test_status_lists_every_actor(running: dict[str, str]) -> None:
     status = json.loads(result.stdout)
     assert status["namespace"] == NS
     assert status["actors"] == dict.fromkeys(
-        ["embedder", "transcript", "recall", "episodes", "graph", "turns", "cron", "http"],
+        ["transcript", "recall", "episodes", "graph", "turns", "cron", "http"],
         "ok")
 
 

@@ -236,13 +236,13 @@ def test_a_job_embeds_with_the_embedder_actor(running: dict[str, str]) -> None:
 # -- parts --------------------------------------------------------------------
 
 
-class FakeEmbedderClient:
-    """An Embedder actor's client in this process: counts the calls."""
+class FakeRecallClient:
+    """The Recall actor's client in this process, as RemoteEmbedder uses it: counts the calls."""
 
     def __init__(self) -> None:
         self.calls: list[int] = []
 
-    def info(self) -> tuple[str, int]:
+    def embedder_info(self) -> tuple[str, int]:
         return "fake", 2
 
     def embed(self, msg: Embed) -> Embedded:
@@ -252,7 +252,7 @@ class FakeEmbedderClient:
 
 
 def test_the_remote_embedder_sends_bounded_calls() -> None:
-    client = FakeEmbedderClient()
+    client = FakeRecallClient()
     remote = RemoteEmbedder(client, batch=2)  # type: ignore[arg-type]
     texts: Sequence[str] = ["a", "bb", "ccc", "dddd", "eeeee"]
     vecs = remote.embed(texts)

@@ -27,7 +27,8 @@ For each store size N:
                  (driver -> Recall actor -> Embedder actor -> Recall actor -> driver)
      in-process  ``Memory.recall(q)``: the same Recaller code, local embedder
      embed       ``embedder.embed([q])`` in process: the query-embedding share
-     embed/actor ``ray.get(embedder.embed.remote(Embed(texts=[q])))`` from the driver
+     embed/actor ``ray.get(recall.embed.remote(Embed(texts=[q])))`` from the driver
+                 (the Recall actor holds the model)
    Both recall paths use the same fixed ``now`` so that their answers can be
    compared (``same_refs``: the share of queries answered identically).
    ``actor (inside)`` is the ``elapsed_ms`` the Recall actor measured itself.
@@ -48,7 +49,7 @@ from typing import Any
 import _common as c
 
 from actors import supervisor
-from actors.common import EMBEDDER, RECALL, actor
+from actors.common import RECALL, actor
 from actors.messages import Embed, Recall, Recalled
 from runtime.config import Settings
 from runtime.memory import Memory
@@ -155,7 +156,7 @@ def measure(settings: Settings, queries: list[str], warmup: list[str],
     c.log(f"  actors ready in {actors_s:.1f} s")
     try:
         recall_h = actor(RECALL, ns)
-        embed_h = actor(EMBEDDER, ns)
+        embed_h = recall_h  # the Recall actor holds the model
         counts = ray.get(recall_h.sync.remote(), timeout=600).counts
         started = time.perf_counter()
         memory = Memory(settings)

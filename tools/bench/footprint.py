@@ -8,8 +8,8 @@ Usage:
 For each case a private local Ray node is started from this driver
 (``ray.init(address="local", _node_ip_address="127.0.0.1")``, object store
 bounded by ``runtime.object_store_mb``, ``include_dashboard`` on or off), then
-the actor runtime on a fresh store (``actors.supervisor.start``: Supervisor,
-Embedder, Transcript, Recall, Episodes, Graph, Turns). With ``--memories N``,
+the actor runtime on a fresh store (``actors.supervisor.start``: Transcript,
+Recall (with the embedding model), Episodes, Graph, Turns, Cron, Http). With ``--memories N``,
 N synthetic turns are first written through the Transcript actor and indexed.
 After ``--settle`` seconds idle, the processes are sampled ``--samples`` times,
 ``--interval`` seconds apart (the median per process is reported).
@@ -19,7 +19,7 @@ gcs_server, raylet, the dashboard, log and autoscaler monitors as the driver's
 children; the raylet starts the workers, actors and agents as its children),
 found by walking parent pids in /proc; plus any other process whose command
 line mentions this node's session or temp directory; plus the driver itself.
-Ray gives many of them a process title (``ray::EmbedderActor``,
+Ray gives many of them a process title (``ray::RecallActor``,
 ``ray::IDLE``, ``ray::DashboardAgent``), used as their name.
 
 What: ``Pss`` from /proc/<pid>/smaps_rollup (proportional set size: each
