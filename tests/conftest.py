@@ -72,7 +72,8 @@ def memory(make_settings: Callable[..., Settings], clock: ManualClock,
 
 @pytest.fixture(scope="session")
 def ray_instance() -> Iterator[str]:
-    """One real local Ray instance for the whole test session (start-up costs seconds).
+    """One real local Ray instance for the whole test session (start-up costs seconds);
+    under ``pytest -n 2`` (``make test``) each of the two test processes has its own.
 
     Yields its GCS address, so that subprocesses (the ``reverie`` command) can join it.
     Like ``reverie run``, it is a node of its own (never one named by ``RAY_ADDRESS``)
