@@ -71,6 +71,8 @@ SPEAKER_BONUS = 0.1
 TURNS_PER_ITEM_FIRST = 3
 # Raw turns age on the leaf time constant.
 TURN_TAU_DAYS = 14.0
+# Ids per "IN (...)" query, well within SQLite's limit on parameters.
+ID_CHUNK = 5000
 
 
 def approx_tokens(text: str) -> int:
@@ -323,14 +325,21 @@ class Recaller:
         if not turn_rows or NEIGHBOUR_SHARE <= 0 or self.settings.context_turns <= 0:
             return
         span = self.settings.context_turns
+        # the rows around every candidate in one query by rowid (cheap), then the
+        # channel check in Python: asking SQLite for "channel = ? AND id BETWEEN"
+        # walks the channel index instead
+        around = sorted({i for row in turn_rows
+                         for i in range(row["id"] - span * 4, row["id"] + span * 4 + 1)})
+        channel_of: dict[int, str] = {}
+        for start in range(0, len(around), ID_CHUNK):  # within SQLite's parameter limit
+            chunk = around[start:start + ID_CHUNK]
+            channel_of.update(self.store.conn.execute(
+                f"SELECT id, channel FROM transcript WHERE id IN ({','.join('?' * len(chunk))})",
+                chunk))
         neighbour_ids: dict[int, list[int]] = {}
         for row in turn_rows:
-            # a rowid range (cheap), then the channel check in Python: asking SQLite
-            # for "channel = ? AND id BETWEEN" walks the channel index instead
-            ids = [r[0] for r in self.store.conn.execute(
-                "SELECT id, channel FROM transcript WHERE id BETWEEN ? AND ?",
-                (row["id"] - span * 4, row["id"] + span * 4))
-                if r[1] == row["channel"] and r[0] != row["id"]]
+            ids = [i for i in range(row["id"] - span * 4, row["id"] + span * 4 + 1)
+                   if i != row["id"] and channel_of.get(i) == row["channel"]]
             before = [i for i in ids if i < row["id"]][-span:]
             after = [i for i in ids if i > row["id"]][:span]
             neighbour_ids[row["id"]] = before + after

@@ -659,3 +659,32 @@ def test_one_broad_item_cannot_fill_the_first_turns() -> None:
     cited = result.cited_turns()
     assert cited.index(7) == TURNS_PER_ITEM_FIRST  # right after the broad item's best
     assert sorted(cited) == sorted([*range(100, 120), 7])  # the rest still follow
+
+
+def test_a_turn_borrows_from_its_neighbours_on_its_own_channel_only(memory: Memory,
+                                                                     clock: ManualClock) -> None:
+    """A turn takes part of the relevance of the turn just before or after it on
+    its channel (``recall.context_turns``); the turn just before it in the
+    transcript, said on another channel, lends nothing."""
+    said = ["We adopted a beagle puppy called Rex from the shelter",
+            "He already loves the long walks along the river every morning"]
+    rows: dict[str, int] = {}
+    for channel, text in [("kitchen", said[0]), ("kitchen", said[1]), ("garage", said[0]),
+                          ("office", said[1])]:
+        clock.advance(60)
+        rows[channel] = memory.add_turn(TurnIn(channel=channel, source="user", role="user",
+                                               content=text))
+    query = "Rex the beagle puppy and his long walks along the river"
+
+    def relevance(context_turns: int) -> dict[str, float]:
+        memory.recaller.settings = memory.recaller.settings.model_copy(
+            update={"context_turns": context_turns})
+        found = {item.ref: item.relevance for item in memory.recall(query).items}
+        return {"kitchen": found[f"turn:{rows['kitchen']}"],
+                "office": found[f"turn:{rows['office']}"]}
+
+    alone, with_neighbours = relevance(0), relevance(1)
+    # the kitchen's second turn has the kitchen's first as its neighbour; the
+    # office's turn follows the garage's beagle turn but has no turn of its own
+    assert with_neighbours["kitchen"] > alone["kitchen"] + 0.05
+    assert with_neighbours["office"] == pytest.approx(alone["office"])

@@ -24,7 +24,7 @@ For each store size N:
    four alike, while one operation's leftovers -- onnxruntime's worker threads
    spin for a while after a call -- rarely land on another's timing):
      actor       ``ray.get(recall.recall.remote(Recall(query=q)))`` from the driver
-                 (driver -> Recall actor -> Embedder actor -> Recall actor -> driver)
+                 (driver -> Recall actor, which embeds the query itself -> driver)
      in-process  ``Memory.recall(q)``: the same Recaller code, local embedder
      embed       ``embedder.embed([q])`` in process: the query-embedding share
      embed/actor ``ray.get(recall.embed.remote(Embed(texts=[q])))`` from the driver
@@ -241,7 +241,7 @@ def _run(memory: Memory, recall_h: Any, embed_h: Any, queries: list[str],
 
 LABELS = [("inproc", "in-process Memory.recall"), ("actor", "actor Recall (driver ray.get)"),
           ("actor_inside", "actor Recall (inside actor)"), ("embed", "query embed (in-process)"),
-          ("embed_actor", "query embed (Embedder actor)")]
+          ("embed_actor", "query embed (Recall actor)")]
 
 
 def report(results: list[dict[str, Any]]) -> None:
