@@ -51,6 +51,23 @@ LOOPBACK = "127.0.0.1"
 # not run). TaskEventsHead is listed and Ray skips it unless its flag is on.
 DASHBOARD_MODULES = ("UsageStatsHead", "NodeHead", "StateHead", "ReportHead", "EventHead",
                      "MetricsHead", "TaskEventsHead")
+# Ray's periodic work a one-node hub can do less often (RayConfig names, set on
+# our own node only): the raylet's disk, garbage and idle-worker checks and its
+# resource reports every 100-250 ms, each worker's task-event report every
+# second, the GCS's health checks of the one raylet. Measured with
+# ``tools/bench/footprint.py --cpu-window 60``: raylet 0.72 -> 0.52 % of a core,
+# gcs_server 0.40 -> 0.33 (docs/benchmarks.md, "Idle CPU"). What slows: the
+# memory monitor (Ray's OOM killer) looks every second; the dashboard's task
+# list lags up to 5 s; a full disk is noticed within 2 s.
+HUB_SYSTEM_CONFIG: dict[str, int] = {
+    "local_fs_monitor_interval_ms": 2000, "raylet_check_gc_period_milliseconds": 2000,
+    "raylet_report_resources_period_milliseconds": 2000, "memory_monitor_refresh_ms": 1000,
+    "kill_idle_workers_interval_ms": 2000, "task_events_report_interval_ms": 5000,
+    "gcs_pull_resource_loads_period_milliseconds": 5000, "health_check_period_ms": 10000,
+}
+# The dashboard agent's reporter reads every worker's /proc files at this
+# period (Ray's default 5 s); the dashboard's node graphs update as often.
+REPORTER_INTERVAL_MS = "15000"
 EXIT_EXPOSED = 3  # refusing to run: exposed, or a replica that cannot be restored
 
 # Read by ``ray._private.ray_constants`` when Ray is imported: with Ray's
@@ -117,7 +134,10 @@ def hub_node(log_monitor: bool) -> Iterator[None]:
     Serve and Jobs pages (a process each, ≈ 19.5 MiB PSS apiece, ≈ 78 MiB
     together) serve libraries a hub never runs. ``ray.init`` has no argument
     for that either; the dashboard's own ``--modules-to-load`` does, and this
-    adds it to the command Ray starts the dashboard with."""
+    adds it to the command Ray starts the dashboard with.
+
+    And Ray's periodic chores run less often (:data:`HUB_SYSTEM_CONFIG`, the
+    dashboard agent's :data:`REPORTER_INTERVAL_MS`): idle CPU."""
     from ray._private import parameter, ray_constants, services
 
     ray_params = parameter.RayParams
@@ -134,8 +154,12 @@ def hub_node(log_monitor: bool) -> Iterator[None]:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             kwargs.setdefault("no_monitor", True)
             kwargs.setdefault("include_log_monitor", log_monitor)
+            kwargs["_system_config"] = {**HUB_SYSTEM_CONFIG,
+                                        **(kwargs.get("_system_config") or {})}
             super().__init__(*args, **kwargs)
 
+    reporter = os.environ.get("REPORTER_UPDATE_INTERVAL_MS")
+    os.environ.setdefault("REPORTER_UPDATE_INTERVAL_MS", REPORTER_INTERVAL_MS)  # the agent's
     parameter.RayParams = HubParams  # type: ignore[misc]
     services.start_ray_process = start_ray_process
     try:
@@ -143,6 +167,8 @@ def hub_node(log_monitor: bool) -> Iterator[None]:
     finally:
         parameter.RayParams = ray_params  # type: ignore[misc]
         services.start_ray_process = start_process
+        if reporter is None:
+            os.environ.pop("REPORTER_UPDATE_INTERVAL_MS", None)
 
 
 def join_environment(address: str) -> None:

@@ -9,6 +9,7 @@ by process, address and port.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import json
 import os
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from actors.node import HUB_SYSTEM_CONFIG, REPORTER_INTERVAL_MS
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
 
@@ -253,6 +256,24 @@ def test_embedded_runtime_listens_on_loopback_only(embedded_runtime: Started) ->
 
     exposed = sorted(str(listener) for listener in found if not is_loopback(listener.address))
     assert not exposed, "listeners outside loopback:\n  " + "\n  ".join(exposed)
+
+
+def test_the_hub_node_runs_rays_chores_less_often(embedded_runtime: Started) -> None:
+    """The node of ``reverie run`` got the hub's system config (the GCS's
+    ``--config_list``, which the raylet and the workers take from the GCS), and
+    the dashboard agent the slower reporter period."""
+    tree = process_tree(embedded_runtime.proc.pid)
+    gcs = [_read(f"/proc/{pid}/cmdline").split("\0") for pid in tree
+           if _read(f"/proc/{pid}/comm").strip() == "gcs_server"]
+    assert gcs, "no gcs_server in the runtime's process tree"
+    [encoded] = [arg.split("=", 1)[1] for arg in gcs[0] if arg.startswith("--config_list=")]
+    config = json.loads(base64.b64decode(encoded))
+    assert {key: config.get(key) for key in HUB_SYSTEM_CONFIG} == HUB_SYSTEM_CONFIG
+    agents = [pid for pid in tree if "dashboard_agent" in _read(f"/proc/{pid}/cmdline")
+              or "DashboardAgent" in _read(f"/proc/{pid}/cmdline")]
+    assert agents, "no dashboard agent in the runtime's process tree"
+    environ = _read(f"/proc/{agents[0]}/environ").split("\0")
+    assert f"REPORTER_UPDATE_INTERVAL_MS={REPORTER_INTERVAL_MS}" in environ
 
 
 def test_runtime_json_names_its_own_loopback_node(embedded_runtime: Started) -> None:
