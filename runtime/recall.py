@@ -22,6 +22,7 @@ import logging
 import math
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from typing import Any
@@ -170,6 +171,8 @@ class Recaller:
         self.settings = settings
         self.clock = clock
         self.zone = household_zone() if zone is None else zone
+        # one thread for the keyword stage (its thread ends with this object)
+        self._keywords = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recall-keywords")
 
     # -- public -----------------------------------------------------------
 
@@ -193,9 +196,13 @@ class Recaller:
         query = query[:MAX_QUERY_CHARS]
         result = RecallResult(query=query)
         if query.strip() and max_items > 0 and max_tokens > 0:
+            # the keyword stage runs beside the query embedding (SQLite and
+            # onnxruntime both let go of the GIL), on this recall's connection
+            # while this thread does not use it
+            lexical = self._keywords.submit(self._lexical, query)
             try:
                 qvec = self.embedder.embed([query])[0]
-                cands = self._hybrid(query, qvec, now)
+                cands = self._hybrid(query, qvec, now, lexical.result())
             except Exception as exc:  # the vector path failed: degrade, never raise
                 log.warning("recall vector path failed, using keyword fallback: %s", exc)
                 result.degraded, result.reason = True, f"{type(exc).__name__}: {exc}"
@@ -352,11 +359,11 @@ class Recaller:
                 cand = cands[("turn", row["id"])]
                 cand.relevance += NEIGHBOUR_SHARE * max(0.0, max(near) - cand.cosine)
 
-    def _hybrid(self, query: str, qvec: np.ndarray, now: float) -> list[_Candidate]:
+    def _hybrid(self, query: str, qvec: np.ndarray, now: float,
+                lexical: dict[Key, float]) -> list[_Candidate]:
         dense = self._dense(qvec)
         when = (temporal_recall.read(query, now, self.zone)  # a time named or asked for
                 if self.settings.temporal else None)
-        lexical = self._lexical(query)
         if when is not None:
             dense.update(temporal_recall.pull_in(self.store, when, qvec, dense.keys() | lexical))
         cands = self._load(set(dense) | set(lexical), now)
