@@ -15,8 +15,9 @@ local Ray node, no dashboard, bounded object store, shared by the runs):
 3. t_ack: the last append returned (every turn committed to SQLite);
 4. call ``transcript.flush`` (waits -- at most 30 s, see actors/common.Notifier --
    for the pending "there is news" notification the Transcript actor sent to
-   Recall; its duration is reported), then ``recall.sync`` until it reports
-   ``added == 0``: every turn is embedded and in the hnswlib index (checked
+   Recall; its duration is reported), then ``recall.sync`` in steps of
+   ``SYNC_STEP`` items (as the writers' notifications index) until a step
+   finds fewer: every turn is embedded and in the hnswlib index (checked
    against the index count); that is t_indexed.
 
 acknowledged turns/s = turns / (t_ack - t0); indexed turns/s = turns /
@@ -46,6 +47,7 @@ import _common as c
 from actors import supervisor
 from actors.common import RECALL, TRANSCRIPT, actor
 from actors.messages import AppendTurns, IndexSynced, Recall, SyncIndex
+from actors.recall import SYNC_STEP
 from runtime.config import Settings
 from runtime.transcript import TurnIn
 
@@ -55,8 +57,11 @@ WARMUP = 16
 def catch_up(transcript_h: Any, recall_h: Any) -> tuple[IndexSynced, dict[str, Any]]:
     """Flush the Transcript actor's notification, then sync Recall until nothing is added.
 
-    Returns the last reply and how the catching up went: seconds in ``flush``,
-    then the sync calls made and the vectors the first of them still added."""
+    Each sync indexes at most ``SYNC_STEP`` items, as the writers' notifications
+    do (``RecallActor.sync_some``), so a probe's recall waits behind one step,
+    never behind the whole backlog. Returns the last reply and how the catching
+    up went: seconds in ``flush``, then the sync calls made and the vectors the
+    first of them still added."""
     import ray
 
     t = time.perf_counter()
@@ -64,11 +69,11 @@ def catch_up(transcript_h: Any, recall_h: Any) -> tuple[IndexSynced, dict[str, A
     info: dict[str, Any] = {"flush_s": round(time.perf_counter() - t, 3), "sync_calls": 0,
                             "added_after_flush": 0}
     while True:
-        synced: IndexSynced = ray.get(recall_h.sync.remote(SyncIndex()), timeout=900)
-        if info["sync_calls"] == 0:
-            info["added_after_flush"] = synced.added
+        synced: IndexSynced = ray.get(recall_h.sync.remote(SyncIndex(limit=SYNC_STEP)),
+                                      timeout=900)
+        info["added_after_flush"] += synced.added
         info["sync_calls"] += 1
-        if synced.added == 0:
+        if synced.added < SYNC_STEP:
             return synced, info
 
 
