@@ -113,7 +113,8 @@ class OnnxMiniLMEmbedder:
     the caller's order. The session runs with the CPU memory arena and the
     memory pattern disabled, so memory stays bounded across long runs with
     varying shapes; ``threads`` sets intra-op threads (0 = onnxruntime's
-    default, one per physical core) and inter-op threads are 1.
+    default, one per physical core; the shipped configuration says 1) and
+    inter-op threads are 1; pool threads never spin.
 
     Thread safety: calls are serialised by an internal lock, so sharing one
     instance between threads is safe but gives no parallelism (onnxruntime
@@ -130,7 +131,7 @@ class OnnxMiniLMEmbedder:
         self,
         cache_dir: Path,
         batch_size: int = 32,
-        threads: int = 0,
+        threads: int = 1,
         max_length: int = 256,
         *,
         model_dir: Path | None = None,
@@ -284,6 +285,10 @@ class OnnxMiniLMEmbedder:
         opts.enable_mem_pattern = False
         opts.intra_op_num_threads = self.threads
         opts.inter_op_num_threads = 1
+        # onnxruntime's pool threads spin between steps and after a call: on a
+        # hub's shared cores that burns CPU and, when a core is busy, stalls
+        # every step (docs/benchmarks.md, "Embedder threads")
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         started = time.monotonic()
