@@ -12,9 +12,10 @@ the result's detail line (migration 0014: one line of at most
 :data:`MAX_DETAIL` characters; by the ``JobResult`` contract, counts and
 reasons, never memory content), which ``reverie jobs`` shows. ``job_runs`` is
 the durable "last fired": a job is eligible again ``check_every_s`` after its
-last run started, and, for idle-gated runs, not before the idle gate opens
-(``runtime.idle``). A run left without an outcome by a crash is closed as
-failed when the runner starts again.
+last run started (an hour when it found nothing to do and nothing has been
+written since: :data:`QUIET_JOBS`, migration 0019), and, for idle-gated runs,
+not before the idle gate opens (``runtime.idle``). A run left without an
+outcome by a crash is closed as failed when the runner starts again.
 
 The household's activity and presence, the idle gate's inputs, are kept here
 too (``household_activity``, ``presence``; migration 0009), written only by
@@ -49,6 +50,16 @@ JOBS: dict[str, str] = {
     "geo": "runtime.geo_job:run",
     "research": "runtime.research:run",
 }
+#: Jobs whose only input is the store. When such a job's last run ended ok having
+#: done nothing, and nothing has been written since it started (the write log's
+#: newest id is the one it saw), it is checked again after
+#: :data:`QUIET_RECHECK_S` instead of ``check_every_s``: every run starts a Ray
+#: worker (≈ 0.8 CPU-s), and a household away all day would start six of them
+#: every five minutes for nothing. Any write (a turn, a memory, another job's
+#: output) makes them eligible again at once. ``sync``, ``geo`` and
+#: ``research`` read the world outside and keep the usual check.
+QUIET_JOBS = frozenset({"consolidate", "facts", "decay", "patterns", "synthesis", "dmn"})
+QUIET_RECHECK_S = 3600.0
 #: Known job names that come later ("The subconscious II"): not listed, not run.
 LATER = tuple(name for name in JOB_NAMES if name not in JOBS)
 MAX_ERROR = 300
@@ -109,17 +120,24 @@ class Run:
     items: int
     error: str | None
     detail: str | None = None  # the result's line (ok runs)
+    write_mark: int | None = None  # the write log's newest id when it started
 
     @classmethod
     def of(cls, row: Row) -> Run:
         return cls(id=row["id"], job=row["job"], started_at=row["started_at"],
                    ended_at=row["ended_at"], outcome=row["outcome"], items=row["items"],
-                   error=row["error"], detail=row["detail"])
+                   error=row["error"], detail=row["detail"], write_mark=row["write_mark"])
+
+
+def write_mark(store: Store) -> int:
+    """The newest id of the write log (0 when empty): it moves with every write."""
+    return int(store.scalar("SELECT coalesce(max(id), 0) FROM write_log") or 0)
 
 
 def start_run(store: Store, job: str, now: float) -> int:
     with store.write_transaction():
-        store.conn.execute("INSERT INTO job_runs (job, started_at) VALUES (?, ?)", (job, now))
+        store.conn.execute("INSERT INTO job_runs (job, started_at, write_mark) VALUES (?, ?, ?)",
+                           (job, now, write_mark(store)))
         return int(store.conn.last_insert_rowid())
 
 
@@ -166,10 +184,20 @@ def get_run(store: Store, run_id: int) -> Run | None:
     return None if row is None else Run.of(row)
 
 
-def next_eligible_at(last: Run | None, gate: IdleState, check_every_s: float) -> float | None:
-    """When a job may fire next: ``check_every_s`` after its last run started,
-    and not before the idle gate opens (None: now, nothing holds it back)."""
-    times = [t for t in (None if last is None else last.started_at + check_every_s,
+def quiet(name: str, last: Run | None, mark: int) -> bool:
+    """Whether ``name`` found nothing to do last time and nothing has been written
+    since (:data:`QUIET_JOBS`)."""
+    return (name in QUIET_JOBS and last is not None and last.outcome == "ok"
+            and last.items == 0 and last.write_mark is not None and last.write_mark == mark)
+
+
+def next_eligible_at(last: Run | None, gate: IdleState, check_every_s: float,
+                     quiet: bool = False) -> float | None:
+    """When a job may fire next: ``check_every_s`` after its last run started
+    (:data:`QUIET_RECHECK_S` when ``quiet``), and not before the idle gate opens
+    (None: now, nothing holds it back)."""
+    wait = max(check_every_s, QUIET_RECHECK_S) if quiet else check_every_s
+    times = [t for t in (None if last is None else last.started_at + wait,
                          gate.eligible_at) if t is not None]
     return max(times) if times else None
 
@@ -180,9 +208,11 @@ def due_jobs(store: Store, names: list[str], gate: IdleState, now: float,
     if not gate.idle:
         return []
     last = last_runs(store)
+    mark = write_mark(store)
     out = []
     for name in names:
-        at = next_eligible_at(last.get(name), gate, check_every_s)
+        run = last.get(name)
+        at = next_eligible_at(run, gate, check_every_s, quiet(name, run, mark))
         if at is None or at <= now:
             out.append(name)
     return out
@@ -193,6 +223,7 @@ def status(store: Store, names: list[str], gate: IdleState, check_every_s: float
     """One line per job for ``reverie jobs`` (``last``: :func:`last_runs`, read
     now when not given)."""
     last = last_runs(store) if last is None else last
+    mark = write_mark(store)
     out = []
     for name in names:
         run = last.get(name)
@@ -200,7 +231,8 @@ def status(store: Store, names: list[str], gate: IdleState, check_every_s: float
             "name": name,
             "last_outcome": None if run is None else run.outcome,
             "last_run_at": None if run is None else run.started_at,
-            "next_eligible_at": next_eligible_at(run, gate, check_every_s),
+            "next_eligible_at": next_eligible_at(run, gate, check_every_s,
+                                                 quiet(name, run, mark)),
         })
     return out
 

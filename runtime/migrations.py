@@ -709,6 +709,15 @@ MIGRATIONS: list[tuple[str, str]] = [
         """,
     ),
     # 0016 (threads and mood), 0017 (digests), 0018 (user profile): issue 12 slices
+    (
+        "0019_job_run_write_mark",
+        """
+        -- The newest write_log id when a run started (runtime.jobs.write_mark): a
+        -- job that found nothing to do, with nothing written since, is checked
+        -- again later (runtime.jobs.QUIET_JOBS). NULL: a run from before this column.
+        ALTER TABLE job_runs ADD COLUMN write_mark INTEGER;
+        """,
+    ),
 ]
 
 

@@ -96,6 +96,33 @@ def test_next_eligible_and_due(store: Store) -> None:
     assert jobs.next_eligible_at(jobs.last_runs(store)["a"], busy, 300) == T0 + 4800
 
 
+def test_a_store_job_that_found_nothing_waits_for_news(store: Store) -> None:
+    """A store-driven job whose last run did nothing, with nothing written since,
+    is checked again after QUIET_RECHECK_S, not check_every_s; any write makes it
+    due at once; a job that reads the world outside (sync) keeps the usual check."""
+    names = ["consolidate", "facts", "sync"]
+    for name, items in [("consolidate", 0), ("facts", 3), ("sync", 0)]:
+        jobs.end_run(store, jobs.start_run(store, name, T0), T0 + 5,
+                     result=JobResult(items=items))
+    at = T0 + 301
+    gate = idle_state(T0 - 3600, {}, at, 1800)
+    assert jobs.due_jobs(store, names, gate, at, 300) == ["facts", "sync"]
+    lines = {x["name"]: x for x in jobs.status(store, names, gate, 300)}
+    assert lines["consolidate"]["next_eligible_at"] == T0 + jobs.QUIET_RECHECK_S
+    hour = T0 + jobs.QUIET_RECHECK_S
+    assert jobs.due_jobs(store, names, idle_state(T0 - 3600, {}, hour, 1800), hour,
+                         300) == names
+    store.insert("test", "transcript", {"channel": "kitchen", "source": "user", "role": "user",
+                                        "content": "the boiler is making a noise",
+                                        "created_at": T0 + 200})
+    assert jobs.due_jobs(store, names, gate, at, 300) == names
+    # a failed run is retried at the usual check, news or not
+    jobs.end_run(store, jobs.start_run(store, "consolidate", at), at + 5, error="Boom: x")
+    later = at + 301
+    assert "consolidate" in jobs.due_jobs(store, names, idle_state(T0 - 3600, {}, later, 1800),
+                                          later, 300)
+
+
 def test_interrupted_runs_are_closed_failed(store: Store) -> None:
     run_id = jobs.start_run(store, "a", T0)
     assert jobs.close_interrupted(store, T0 + 5) == 1
