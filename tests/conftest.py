@@ -20,6 +20,21 @@ from runtime.memory import Memory
 os.environ.setdefault("REVERIE_HTTP__PORT", "0")
 
 
+# Modules that take a minute or so each (pytest --durations): collected first, so
+# that under `make test`'s two processes (pytest-xdist, --dist loadfile) they
+# start early and the run does not end waiting on one of them.
+SLOW_MODULES = ("test_cli_jobs", "test_cron", "test_crash", "test_rollup", "test_cli",
+                "test_http_fuzz", "test_edge_runtime", "test_privacy_runtime",
+                "test_replica_runtime", "test_http_page", "test_listeners", "test_geo",
+                "test_timeline")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOW_MODULES)}
+    items.sort(key=lambda item: rank.get(getattr(item.module, "__name__", ""), len(rank))
+               if isinstance(item, pytest.Function) else len(rank))  # stable: order kept within
+
+
 @pytest.fixture(autouse=True)
 def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Loopback servers are reached directly: a proxy from the environment never
