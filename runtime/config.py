@@ -116,7 +116,7 @@ class StoreSettings(_Section):
 class EmbedderSettings(_Section):
     kind: str = "onnx-minilm"
     batch_size: int = Field(default=32, ge=1, le=1024)
-    threads: int = Field(default=1, ge=0, le=64)
+    threads: int = Field(default=0, ge=0, le=64)
     max_length: int = Field(default=256, ge=8, le=512)
     cache_dir: Path | None = None
 

@@ -113,8 +113,8 @@ class OnnxMiniLMEmbedder:
     the caller's order. The session runs with the CPU memory arena and the
     memory pattern disabled, so memory stays bounded across long runs with
     varying shapes; ``threads`` sets intra-op threads (0 = onnxruntime's
-    default, one per physical core; the shipped configuration says 1) and
-    inter-op threads are 1; pool threads never spin.
+    default, one per physical core) and inter-op threads are 1; pool threads
+    never spin.
 
     Thread safety: calls are serialised by an internal lock, so sharing one
     instance between threads is safe but gives no parallelism (onnxruntime
@@ -131,7 +131,7 @@ class OnnxMiniLMEmbedder:
         self,
         cache_dir: Path,
         batch_size: int = 32,
-        threads: int = 1,
+        threads: int = 0,
         max_length: int = 256,
         *,
         model_dir: Path | None = None,
@@ -286,8 +286,9 @@ class OnnxMiniLMEmbedder:
         opts.intra_op_num_threads = self.threads
         opts.inter_op_num_threads = 1
         # onnxruntime's pool threads spin between steps and after a call: on a
-        # hub's shared cores that burns CPU and, when a core is busy, stalls
-        # every step (docs/benchmarks.md, "Embedder threads")
+        # hub's shared cores that burns CPU and, when another program keeps a
+        # core busy, stalls every step: a query embedding took twice as long
+        # (docs/benchmarks.md, "Embedder threads")
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
