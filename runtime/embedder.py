@@ -112,9 +112,9 @@ class OnnxMiniLMEmbedder:
     ``batch_size``, each padded to its own longest member, then put back in
     the caller's order. The session runs with the CPU memory arena and the
     memory pattern disabled, so memory stays bounded across long runs with
-    varying shapes; ``threads`` sets intra-op threads (0 = onnxruntime's
-    default, one per physical core) and inter-op threads are 1; pool threads
-    never spin.
+    varying shapes; ``threads`` sets intra-op threads (0 = one per core this
+    process may use, :func:`usable_cores`) and inter-op threads are 1; pool
+    threads never spin.
 
     Thread safety: calls are serialised by an internal lock, so sharing one
     instance between threads is safe but gives no parallelism (onnxruntime
@@ -283,7 +283,7 @@ class OnnxMiniLMEmbedder:
         opts = ort.SessionOptions()
         opts.enable_cpu_mem_arena = False
         opts.enable_mem_pattern = False
-        opts.intra_op_num_threads = self.threads
+        opts.intra_op_num_threads = self.threads or usable_cores()
         opts.inter_op_num_threads = 1
         # onnxruntime's pool threads spin between steps and after a call: on a
         # hub's shared cores that burns CPU and, when another program keeps a
@@ -298,6 +298,18 @@ class OnnxMiniLMEmbedder:
         )
         log.info("onnxruntime session for %s ready in %.2fs", path.name, time.monotonic() - started)
         return session
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: ``threads = 0``'s count, said outright.
+
+    Left at 0, onnxruntime goes by ``OMP_NUM_THREADS``, which Ray sets to 1 in
+    every actor that asks for no CPU (all of ours): the Recall actor embedded
+    on one thread, at half the speed of the same code outside Ray."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # no affinity call on this platform
+        return max(1, os.cpu_count() or 1)
 
 
 def _import_kind(kind: str) -> Any:

