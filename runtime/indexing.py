@@ -67,7 +67,10 @@ class Indexer:
         self._checked: dict[str, int] = {"turn": 0, "episode": 0, "fact": 0}
 
     def pending_count(self) -> int:
-        return sum(len(self.store.rows(sql, (0, 1 << 62))) for sql in _PENDING.values())
+        """Memory items without a vector, counted in SQLite (the rows are never read
+        out: the Recall actor asks after every indexing step)."""
+        return sum(int(self.store.scalar(f"SELECT count(*) FROM ({sql})", (0, 1 << 62)) or 0)
+                   for sql in _PENDING.values())
 
     def sync(self, progress: Progress | None = None, limit: int | None = None,
              kinds: tuple[str, ...] | None = None) -> int:
