@@ -3,7 +3,8 @@
 
 Usage:
     tools/bench/locomo_recall.py DATA.json [--conversations conv-26,conv-30] [--json OUT.json]
-                                 [--subconscious] [--no-temporal]
+                                 [--subconscious] [--no-temporal] [--loo]
+                                 [--grid-axes JSON] [--turn-text plain|dated|bracketed|suffixed]
 
 Each conversation is ingested into a fresh store through the public runtime
 API (:class:`runtime.memory.Memory`, turn times from the session dates). Each
@@ -24,6 +25,34 @@ With ``--no-temporal`` recall runs without temporal recall
 (``recall.temporal = false``, :mod:`runtime.temporal_recall`), for the
 before/after comparison on the same code.
 
+With ``--loo`` reverie's knobs are also fitted leave-one-conversation-out
+(issue 13). Each conversation is ingested once; then every point of
+:data:`GRID_AXES` (a small product over :class:`RecallSettings` fields, the
+configured settings always among them, as grid point 0; ``--grid-axes`` gives
+another) re-runs only the questions, through a :class:`Recaller` built on
+the same store with the changed settings (the question embeddings are cached across grid points, so
+the grid's latencies leave the query embedding out). For each fold the point
+with the best turn_any@10 over the pooled questions of the other conversations
+is chosen (ties: the lower grid index, so the configured settings win a tie)
+and measured on the held-out conversation; the held-out questions of the
+folds are pooled (micro average). The JSON gets a ``loo`` object: ``reverie``
+(the pooled held-out figures, ``by_category`` too), ``chosen`` (one dict per
+fold: ``held_out``, ``grid_index``, ``knobs``, ``train_turn_any@10``,
+``held_out_turn_any@10``), ``grid`` (the number of points), ``grid_axes``,
+``in_sample_best`` (the best point on all five, its knobs and figures),
+``configured`` (grid point 0 on all five), ``in_sample_by_point``
+(turn_any@10 of every point on all five), ``fold_mean_turn_any@10`` (the
+unweighted mean over the folds), and ``metric``, ``pooling`` and
+``baselines`` as words. The baselines have no knobs: their leave-one-out
+figures equal their in-sample figures.
+
+``--turn-text`` changes, in this process only, the text embedded for a turn
+(:func:`runtime.indexing.document`): ``plain`` is the runtime's own
+``speaker: content``; ``dated`` prepends the turn's local date in the
+household zone (``8 May 2023, Caroline: ...``); ``bracketed`` does the same as
+``[8 May 2023] Caroline: ...``, ``suffixed`` as ``Caroline: ... (8 May 2023)``.
+Dense and RRF baselines use the same vectors.
+
 Metrics per retriever (k counts cited turns):
     turn_any@5, turn_any@10  any evidence turn among the first k cited turns
     turn_all@10              every evidence turn among the first 10
@@ -37,6 +66,7 @@ Metrics per retriever (k counts cited turns):
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import logging
 import re
@@ -44,9 +74,9 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
 from pathlib import Path
 from typing import Any
 
@@ -55,13 +85,16 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from runtime.clock import DAY, ManualClock  # noqa: E402
-from runtime.config import load_settings  # noqa: E402
+from runtime import indexing  # noqa: E402
+from runtime.clock import DAY, ManualClock, household_zone  # noqa: E402
+from runtime.config import RecallSettings, load_settings  # noqa: E402
 from runtime.embedder import Embedder, make_embedder  # noqa: E402
 from runtime.fts import match_expression  # noqa: E402
 from runtime.job_context import JobContext  # noqa: E402
 from runtime.llm import make_llm  # noqa: E402
 from runtime.memory import Memory  # noqa: E402
+from runtime.recall import Recaller  # noqa: E402
+from runtime.store import Row  # noqa: E402
 from runtime.transcript import TurnIn  # noqa: E402
 
 log = logging.getLogger("locomo_recall")
@@ -74,6 +107,26 @@ SECONDS_PER_TURN = 30.0
 SUBCONSCIOUS_JOBS = ("runtime.consolidate", "runtime.extract")  # each module's run()
 MAX_JOB_ROUNDS = 50
 _DIA = re.compile(r"^D(\d+):(\d+)$")
+
+# --loo: alternative values per RecallSettings field; the configured value of
+# each is added in front, so grid point 0 is the configured settings.
+# (A first grid of 48 had relative_floor 0.3 and 0.6, context_turns 2 only and
+# candidates 120 only; relative_floor 0.3 scored exactly as 0.45 everywhere.)
+GRID_AXES: dict[str, tuple[float | int, ...]] = {
+    "relative_floor": (0.6,),
+    "min_cosine": (0.2,),
+    "context_turns": (2, 3),
+    "weight_recency": (0.0,),
+    "candidates": (120, 200),
+}
+LOO_METRIC = "turn_any@10"
+# --turn-text: the text embedded for a turn, from its date and runtime's own text
+TURN_TEXTS: dict[str, str | None] = {
+    "plain": None,
+    "dated": "{date}, {text}",
+    "bracketed": "[{date}] {text}",
+    "suffixed": "{text} ({date})",
+}
 
 
 def parse_session_time(text: str) -> float:
@@ -93,6 +146,63 @@ def turn_text(turn: dict[str, Any]) -> str:
 def session_of(dia_id: str) -> int:
     m = _DIA.match(dia_id)
     return int(m.group(1)) if m else -1
+
+
+def local_day(ts: float, zone: tzinfo) -> str:
+    """'8 May 2023': the day of ``ts`` in ``zone``."""
+    dt = datetime.fromtimestamp(ts, tz=zone)
+    return f"{dt.day} {dt:%B %Y}"
+
+
+def use_turn_text(name: str, zone: tzinfo) -> None:
+    """Make this process embed turns as ``TURN_TEXTS[name]`` (bench-only: patches
+    :mod:`runtime.indexing`; ``plain`` leaves it alone)."""
+    template = TURN_TEXTS[name]
+    if template is None:
+        return
+    sql = indexing._PENDING["turn"]
+    if "t.created_at" not in sql:
+        patched = sql.replace("t.content FROM", "t.content, t.created_at FROM")
+        if patched == sql:
+            raise RuntimeError("runtime.indexing's turn query changed; update --turn-text")
+        indexing._PENDING["turn"] = patched
+    plain = indexing.document
+
+    def document(kind: str, row: Row) -> str:
+        text = plain(kind, row)
+        if kind != "turn":
+            return text
+        return template.format(date=local_day(row["created_at"], zone), text=text)
+
+    indexing.document = document
+
+
+class QueryCache:
+    """An embedder that remembers single-text calls (the questions), so grid
+    points after the first do not embed the question again."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.dim = inner.dim
+        self._memo: dict[str, np.ndarray] = {}
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        if len(texts) != 1:
+            return np.asarray(self.inner.embed(texts))
+        hit = self._memo.get(texts[0])
+        if hit is None:
+            hit = self._memo[texts[0]] = np.asarray(self.inner.embed(texts))
+        return hit
+
+
+def grid_points(base: RecallSettings,
+                axes_in: dict[str, Sequence[Any]] | None = None) -> list[dict[str, Any]]:
+    """Every combination of ``axes_in`` (default :data:`GRID_AXES`), the configured
+    settings first."""
+    axes = {name: tuple(dict.fromkeys((getattr(base, name), *values)))
+            for name, values in (GRID_AXES if axes_in is None else axes_in).items()}
+    return [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
 
 
 @dataclass
@@ -215,8 +325,13 @@ def run_jobs(memory: Memory, clock: ManualClock, at: float) -> dict[str, int]:
 
 def run_conversation(conv: dict[str, Any], embedder: Embedder, workdir: Path,
                      subconscious: bool = False,
-                     temporal: bool = True) -> dict[str, dict[int, Scores]]:
-    """Scores per retriever and per question category."""
+                     temporal: bool = True,
+                     grid: Sequence[dict[str, Any]] = (),
+                     grid_scores: list[dict[int, Scores]] | None = None,
+                     ) -> dict[str, dict[int, Scores]]:
+    """Scores per retriever and per question category. With ``grid``, reverie is
+    run again for each grid point (settings changed as given) on the same store,
+    and ``grid_scores`` gets one ``{category: Scores}`` per point."""
     data_dir = workdir / conv["sample_id"]
     settings = load_settings(env={}, overrides={"store": {"data_dir": str(data_dir)},
                                                 "recall": {"temporal": temporal}})
@@ -240,18 +355,19 @@ def run_conversation(conv: dict[str, Any], embedder: Embedder, workdir: Path,
     now = last + DAY
     clock.set(now)
     valid = set(id_to_dia.values())
-    baselines = Baselines(memory, embedder)
-    plain: dict[str, Callable[[str], list[int]]] = {
-        "bm25": baselines.bm25, "dense": baselines.dense, "rrf": baselines.rrf}
-    scores = {name: {c: Scores() for c in CATEGORIES} for name in RETRIEVERS}
+    questions: list[tuple[int, str, set[str]]] = []
     for qa in conv["qa"]:
         category = qa.get("category")
         if category not in CATEGORIES:
             continue
         evidence = {e for e in qa.get("evidence", []) if e in valid}
-        if not evidence:
-            continue
-        question = str(qa["question"])
+        if evidence:
+            questions.append((int(category), str(qa["question"]), evidence))
+    baselines = Baselines(memory, embedder)
+    plain: dict[str, Callable[[str], list[int]]] = {
+        "bm25": baselines.bm25, "dense": baselines.dense, "rrf": baselines.rrf}
+    scores = {name: {c: Scores() for c in CATEGORIES} for name in RETRIEVERS}
+    for category, question, evidence in questions:
         result = memory.recall(question, now=now)
         ranked = [id_to_dia[t] for t in result.cited_turns() if t in id_to_dia]
         scores["reverie"][category].add(ranked, evidence, result.elapsed_ms)
@@ -261,8 +377,101 @@ def run_conversation(conv: dict[str, Any], embedder: Embedder, workdir: Path,
             elapsed = (time.perf_counter() - t1) * 1000
             scores[name][category].add([id_to_dia[i] for i in ids if i in id_to_dia], evidence,
                                        elapsed)
+    if grid:
+        t0 = time.perf_counter()
+        cache = QueryCache(embedder)
+        base = memory.settings.recall
+        for point in grid:
+            recaller = Recaller(memory.store, memory.index, cache, memory.kinds,
+                                RecallSettings(**{**base.model_dump(), **point}), clock,
+                                memory.recaller.zone)
+            by_cat = {c: Scores() for c in CATEGORIES}
+            for category, question, evidence in questions:
+                result = recaller.recall(question, now=now)
+                ranked = [id_to_dia[t] for t in result.cited_turns() if t in id_to_dia]
+                by_cat[category].add(ranked, evidence, result.elapsed_ms)
+            if grid_scores is not None:
+                grid_scores.append(by_cat)
+        log.info("%s: %d grid points in %.1f s", conv["sample_id"], len(grid),
+                 time.perf_counter() - t0)
     memory.close()
     return scores
+
+
+def _pooled(parts: Sequence[dict[int, Scores]]) -> dict[int, Scores]:
+    out = {c: Scores() for c in CATEGORIES}
+    for part in parts:
+        for c, sc in part.items():
+            out[c].extend(sc)
+    return out
+
+
+def _summary(by_cat: dict[int, Scores]) -> dict[str, Any]:
+    overall = Scores()
+    for sc in by_cat.values():
+        overall.extend(sc)
+    return {**overall.summary(),
+            "by_category": {str(c): by_cat[c].summary() for c in sorted(CATEGORIES)}}
+
+
+def _metric(by_cat: dict[int, Scores]) -> float:
+    values = [v for c in CATEGORIES for v in by_cat[c].any10]
+    return statistics.fmean(values) if values else 0.0
+
+
+def leave_one_out(grid: Sequence[dict[str, Any]],
+                  per_conv: dict[str, list[dict[int, Scores]]]) -> dict[str, Any]:
+    """Choose a grid point on all conversations but one (best pooled turn_any@10,
+    ties to the lower index), score it on that one; pool the held-out questions."""
+    convs = list(per_conv)
+    held_out: list[dict[int, Scores]] = []
+    chosen: list[dict[str, Any]] = []
+    fold_values: list[float] = []
+    for out in convs:
+        train = [c for c in convs if c != out]
+        values = [_metric(_pooled([per_conv[c][g] for c in train])) for g in range(len(grid))]
+        best = max(range(len(grid)), key=lambda g: (values[g], -g))
+        held_out.append(per_conv[out][best])
+        fold_values.append(_metric(per_conv[out][best]))
+        chosen.append({"held_out": out, "grid_index": best, "knobs": grid[best],
+                       "train_turn_any@10": round(values[best], 4),
+                       "held_out_turn_any@10": round(fold_values[-1], 4)})
+    everywhere = [_pooled([per_conv[c][g] for c in convs]) for g in range(len(grid))]
+    best_all = max(range(len(grid)), key=lambda g: (_metric(everywhere[g]), -g))
+    return {
+        "metric": LOO_METRIC,
+        "pooling": "questions of the held-out folds pooled (micro average)",
+        "reverie": _summary(_pooled(held_out)),
+        "chosen": chosen,
+        "grid": len(grid),
+        "fold_mean_turn_any@10": round(statistics.fmean(fold_values), 4) if fold_values else 0.0,
+        "in_sample_best": {"grid_index": best_all, "knobs": grid[best_all],
+                           **_summary(everywhere[best_all])},
+        "configured": {"grid_index": 0, "knobs": grid[0], **_summary(everywhere[0])},
+        "in_sample_by_point": [
+            {"grid_index": g, "knobs": grid[g], "turn_any@10": round(_metric(everywhere[g]), 4)}
+            for g in range(len(grid))],
+        "baselines": "no knobs: leave-one-out equals in-sample",
+    }
+
+
+def print_loo(loo: dict[str, Any], header: list[str]) -> None:
+    print(f"leave-one-conversation-out over {loo['grid']} grid points, selected on "
+          f"{loo['metric']}, {loo['pooling']}; baselines: {loo['baselines']}")
+    for fold in loo["chosen"]:
+        print(f"  held out {fold['held_out']}: grid {fold['grid_index']} {fold['knobs']} "
+              f"train {fold['train_turn_any@10']} held-out {fold['held_out_turn_any@10']}")
+    print(" | ".join(header))
+    for label, row in (("reverie configured", loo["configured"]),
+                       ("reverie in-sample best", loo["in_sample_best"]),
+                       ("reverie LOO", loo["reverie"])):
+        print(" | ".join([label, *(str(row[h]) for h in header[1:])]))
+        for c in sorted(CATEGORIES):
+            cat = row["by_category"][str(c)]
+            print(" | ".join([f"  cat {c}", *(str(cat[h]) for h in header[1:])]))
+    print(f"in-sample best: grid {loo['in_sample_best']['grid_index']} "
+          f"{loo['in_sample_best']['knobs']}; LOO fold mean turn_any@10 "
+          f"{loo['fold_mean_turn_any@10']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -275,6 +484,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="run consolidate and facts (offline provider) after each session")
     parser.add_argument("--no-temporal", action="store_true",
                         help="recall without temporal recall (recall.temporal = false)")
+    parser.add_argument("--loo", action="store_true",
+                        help="also fit reverie's knobs over GRID_AXES leave-one-conversation-out")
+    parser.add_argument("--grid-axes", type=json.loads,
+                        help="with --loo: JSON {RecallSettings field: [alternative values]}"
+                             " instead of GRID_AXES")
+    parser.add_argument("--turn-text", choices=tuple(TURN_TEXTS), default="plain",
+                        help="text embedded for a turn (bench-only; default: the runtime's)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
 
@@ -287,15 +503,28 @@ def main(argv: list[str] | None = None) -> int:
         conversations = [c for c in conversations if c["sample_id"] in wanted]
 
     settings = load_settings(env={})
+    use_turn_text(args.turn_text, household_zone(settings.household.timezone))
     embedder = make_embedder(settings.embedder)
     totals = {name: {c: Scores() for c in CATEGORIES} for name in RETRIEVERS}
+    if args.grid_axes is not None:
+        if not isinstance(args.grid_axes, dict):
+            parser.error("--grid-axes: expected a JSON object")
+        unknown = set(args.grid_axes) - set(RecallSettings.model_fields)
+        if unknown:
+            parser.error(f"--grid-axes: not RecallSettings fields: {sorted(unknown)}")
+    grid = grid_points(settings.recall, args.grid_axes) if args.loo else []
+    per_conv: dict[str, list[dict[int, Scores]]] = {}
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="locomo-") as tmp:
         workdir = args.workdir or Path(tmp)
         for conv in conversations:
+            per_conv[conv["sample_id"]] = []
             for name, by_cat in run_conversation(conv, embedder, workdir, args.subconscious,
-                                                 not args.no_temporal).items():
+                                                 not args.no_temporal, grid,
+                                                 per_conv[conv["sample_id"]]).items():
                 for c, s in by_cat.items():
                     totals[name][c].extend(s)
+    log.info("bench took %.1f s", time.perf_counter() - started)
 
     report: dict[str, Any] = {}
     for name in RETRIEVERS:
@@ -306,6 +535,10 @@ def main(argv: list[str] | None = None) -> int:
             str(c): totals[name][c].summary() for c in sorted(CATEGORIES)}}
     report["subconscious"] = args.subconscious
     report["temporal"] = not args.no_temporal
+    report["turn_text"] = args.turn_text
+    if args.loo:
+        report["loo"] = leave_one_out(grid, per_conv)
+        report["loo"]["grid_axes"] = {name: sorted({p[name] for p in grid}) for name in grid[0]}
     header = ["retriever", "turn_any@5", "turn_any@10", "turn_all@10", "sess_all@10", "n",
               "p50_ms", "p99_ms"]
     print(" | ".join(header))
@@ -314,6 +547,8 @@ def main(argv: list[str] | None = None) -> int:
         for c in sorted(CATEGORIES):
             cat = report[name]["by_category"][str(c)]
             print(" | ".join([f"  cat {c}", *(str(cat[h]) for h in header[1:])]))
+    if args.loo:
+        print_loo(report["loo"], header)
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     r = report["reverie"]
