@@ -134,7 +134,7 @@ class RecallSettings(_Section):
     # simmering: half); mood-congruent episodes rise a little (runtime.mood)
     weight_thread: float = Field(default=0.10, ge=0.0, le=1.0)
     weight_mood: float = Field(default=0.05, ge=0.0, le=1.0)
-    context_turns: int = Field(default=1, ge=0, le=5)
+    context_turns: int = Field(default=2, ge=0, le=5)
     fallback_items: int = Field(default=20, ge=1, le=200)
     # at most this many seared memories in one recall (clanka: "a couple")
     max_seared: int = Field(default=2, ge=0, le=20)
