@@ -49,7 +49,7 @@ from runtime.vector_index import KINDS, VectorIndex
 
 log = logging.getLogger(__name__)
 
-SYNC_STEP = 128  # items indexed per notification before recall requests get a turn
+SYNC_STEP = 32  # items indexed per notification before recall requests get a turn (one batch)
 SAVE_EVERY = 5000  # vectors added between index saves (the database is the truth)
 
 
