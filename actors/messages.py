@@ -10,7 +10,7 @@ older senders keep working.
 |--------------------|--------------------------|------------------|
 | AppendTurns        | Transcript.append        | TurnsAppended    |
 | RecentTurns        | Transcript.recent        | TurnList         |
-| Embed              | Embedder.embed           | Embedded         |
+| Embed              | Recall.embed             | Embedded         |
 | Recall             | Recall.recall            | Recalled         |
 | SyncIndex          | Recall.sync              | IndexSynced      |
 | DropFromIndex      | Recall.drop              | Ack              |
@@ -149,7 +149,7 @@ class TurnList(Message):
     turns: list[TurnRow]
 
 
-# -- embedder ---------------------------------------------------------------
+# -- embedding (the Recall actor holds the model) -------------------------
 
 class Embed(Message):
     texts: list[str] = Field(max_length=MAX_BATCH)

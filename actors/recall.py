@@ -5,7 +5,8 @@ memories for people), and embeds for the jobs that need vectors.
 The model lives here, not in an actor of its own: recall is its main user (the
 query embedding is on every turn's path), and a separate Embedder actor cost a
 Ray worker (≈ 62 MiB PSS, ≈ 0.5 % of a core idle) and a call per recall and per
-indexing batch (docs/benchmarks.md, "Fewer long-lived actors")."""
+indexing batch (docs/benchmarks.md, "Fewer workers: the model moved into the
+Recall actor")."""
 
 from __future__ import annotations
 
