@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fake_openai import FakeOpenAI
 
 from runtime.clock import ManualClock
 from runtime.config import Settings, load_settings
@@ -83,6 +84,14 @@ def memory(make_settings: Callable[..., Settings], clock: ManualClock,
     mem = Memory(make_settings(), clock=clock, embedder=embedder)
     yield mem
     mem.close()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[FakeOpenAI]:
+    """A fake OpenAI-compatible model server (tests/fake_openai.py) for a module's
+    runtime, in ``Mode.OK``; a module may define its own (a slow one, say)."""
+    with FakeOpenAI() as fake:
+        yield fake
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ runtime and a real local HTTP fake for the language model."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 
@@ -150,12 +149,6 @@ def test_a_mood_congruent_memory_moves_up_a_little(memory: Memory, clock: Manual
 # -- durable, and in the prompt of the real runtime --------------------------------------
 
 NS = "test-mood"
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as fake:
-        yield fake
 
 
 @pytest.fixture(scope="module")

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from fake_openai import FakeOpenAI, Mode, fake_openai_fixture  # noqa: F401
+from llm_runtime import llm_runtime, llm_settings
 
 from runtime.clock import DAY, ManualClock
 from runtime.config import ProviderSettings, Settings
@@ -256,28 +257,12 @@ NS = "test-portrait"
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def runtime(ray_instance: str, server: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory,
             model_cache: Path) -> Iterator[Settings]:
-    from actors import supervisor
-    from runtime.config import load_settings
-
-    data = tmp_path_factory.mktemp("portrait-data")
-    settings = load_settings(env={}, overrides={
-        "store": {"data_dir": str(data)}, "embedder": {"cache_dir": str(model_cache)},
-        "runtime": {"namespace": NS}, "persona": {"global_dir": str(data / "persona")},
-        "http": {"enabled": False}, "jobs": {"idle_after_s": 3600},
-        "llm": {"providers": [{"name": "local", "base_url": server.base_url,
-                               "model": "tiny", "timeout_s": 10}]},
-    })
-    sup = supervisor.start(settings)
-    yield settings
-    sup.stop()
+    settings = llm_settings(NS, tmp_path_factory.mktemp("portrait-data"), model_cache, server,
+                            http={"enabled": False}, jobs={"idle_after_s": 3600})
+    with llm_runtime(settings):
+        yield settings
 
 
 def test_the_turns_actor_gives_the_model_the_latest_portrait(

@@ -28,12 +28,6 @@ QUESTION = "What is the garage code?"
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def running(ray_instance: str, server: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory,
             model_cache: Path) -> Iterator[dict[str, str]]:
     config = ('[household]\npeople = ["Ana", "Bob"]\n\n[http]\nport = 0\n\n'

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 from fake_openai import FakeOpenAI, Mode, fake_openai_fixture  # noqa: F401
+from llm_runtime import llm_runtime, llm_settings
 
-from actors import supervisor
 from actors.common import BadRequest
 from actors.handles import GraphClient, RecallClient, TranscriptClient, TurnsClient
 from actors.messages import AddFact, AppendTurns, Recall, TurnDelta, TurnReply, UserTurn
@@ -55,29 +55,18 @@ SPOKEN = "hall"  # a pull channel read aloud
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def runtime(ray_instance: str, server: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory,
             model_cache: Path) -> Iterator[Settings]:
     data = tmp_path_factory.mktemp("pull-data")
     persona = data / "persona"
     persona.mkdir()
     (persona / "SOUL.md").write_text("You are Wren, a calm household assistant.")
-    settings = load_settings(env={}, overrides={
-        "store": {"data_dir": str(data)}, "embedder": {"cache_dir": str(model_cache)},
-        "runtime": {"namespace": NS}, "persona": {"global_dir": str(persona)},
-        "llm": {"providers": [{"name": "local", "base_url": server.base_url,
-                               "model": "tiny", "timeout_s": 30}]},
-        "channels": {PULL: {"injection": "pull"}, SPOKEN: {"injection": "pull", "spoken": True}},
-    })
-    sup = supervisor.start(settings)
-    _remember(settings)
-    yield settings
-    sup.stop()
+    settings = llm_settings(NS, data, model_cache, server, timeout_s=30,
+                            channels={PULL: {"injection": "pull"},
+                                      SPOKEN: {"injection": "pull", "spoken": True}})
+    with llm_runtime(settings):
+        _remember(settings)
+        yield settings
 
 
 GARDEN = [

@@ -28,8 +28,8 @@ import apsw
 import pytest
 import ray
 from fake_openai import FakeOpenAI, Mode
+from llm_runtime import llm_runtime, llm_settings
 
-from actors import supervisor
 from actors.common import CRON, BadRequest
 from actors.handles import CronClient, TurnsClient
 from actors.messages import (
@@ -41,7 +41,7 @@ from actors.messages import (
 )
 from runtime import jobs, reminders
 from runtime.clock import ManualClock
-from runtime.config import CONFIG_DIR, Settings, load_settings
+from runtime.config import CONFIG_DIR, Settings
 from runtime.fact_kinds import FactKinds
 from runtime.migrations import MIGRATIONS, migrate
 from runtime.store import Store
@@ -224,31 +224,15 @@ def era() -> int:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def runtime(ray_instance: str, server: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory,
             model_cache: Path) -> Iterator[Settings]:
-    data = tmp_path_factory.mktemp("reminders-data")
-    overrides: dict[str, Any] = {
-        "store": {"data_dir": str(data)}, "embedder": {"cache_dir": str(model_cache)},
-        "runtime": {"namespace": NS}, "persona": {"global_dir": str(data / "persona")},
-        "household": {"timezone": "Europe/Lisbon"},
-        "llm": {"providers": [{"name": "local", "base_url": server.base_url, "model": "tiny",
-                               "timeout_s": 30}]},
-        "jobs": {"check_every_s": 86400.0},
-    }
     # no job to start (whichever there are): a tick here only fires reminders
-    every_job = list(jobs.registry(load_settings(env={}, overrides=overrides)))
-    overrides["jobs"]["disabled"] = every_job
-    settings = load_settings(env={}, overrides=overrides)
+    settings = llm_settings(NS, tmp_path_factory.mktemp("reminders-data"), model_cache, server,
+                            timeout_s=30, household={"timezone": "Europe/Lisbon"},
+                            jobs={"check_every_s": 86400.0, "disabled": list(jobs.JOBS)})
     assert jobs.registry(settings) == {}
-    sup = supervisor.start(settings)
-    yield settings
-    sup.stop()
+    with llm_runtime(settings):
+        yield settings
 
 
 cron = CronClient(NS, timeout_s=300)

@@ -173,12 +173,6 @@ NS = "test-user-profile"
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[FakeOpenAI]:
-    with FakeOpenAI() as fake:
-        yield fake
-
-
-@pytest.fixture(scope="module")
 def running(ray_instance: str, server: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory,
             model_cache: Path) -> Iterator[dict[str, str]]:
     config = (f'[[llm.providers]]\nname = "local"\nbase_url = "{server.base_url}"\n'
