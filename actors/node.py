@@ -55,8 +55,8 @@ DASHBOARD_MODULES = ("UsageStatsHead", "NodeHead", "StateHead", "ReportHead", "E
 # our own node only): the raylet's disk, garbage and idle-worker checks and its
 # resource reports every 100-250 ms, each worker's task-event report every
 # second, the GCS's health checks of the one raylet. Measured with
-# ``tools/bench/footprint.py --cpu-window 60``: raylet 0.72 -> 0.52 % of a core,
-# gcs_server 0.40 -> 0.33 (docs/benchmarks.md, "Idle CPU"). What slows: the
+# ``tools/bench/footprint.py --cpu-window 60``: raylet 0.72-0.77 -> 0.47-0.52 % of
+# a core, gcs_server 0.38-0.43 -> 0.33 (docs/benchmarks.md, "Idle CPU"). What slows: the
 # memory monitor (Ray's OOM killer) looks every second; the dashboard's task
 # list lags up to 5 s; a full disk is noticed within 2 s.
 HUB_SYSTEM_CONFIG: dict[str, int] = {

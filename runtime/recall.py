@@ -206,7 +206,7 @@ class Recaller:
             except Exception as exc:  # the vector path failed: degrade, never raise
                 log.warning("recall vector path failed, using keyword fallback: %s", exc)
                 result.degraded, result.reason = True, f"{type(exc).__name__}: {exc}"
-                cands = self._fallback(query, now)
+                cands = self._fallback(lexical.result(), now)  # the keywords, found once
                 max_items = min(max_items, self.settings.fallback_items)
             skip = set(exclude)
             if skip:
@@ -404,8 +404,7 @@ class Recaller:
             if cand.kind != "turn" and len(cand.turns) > 1:
                 cand.turns = tuple(sorted(cand.turns, key=lambda t: -sims.get(t, -2.0)))
 
-    def _fallback(self, query: str, now: float) -> list[_Candidate]:
-        lexical = self._lexical(query)
+    def _fallback(self, lexical: dict[Key, float], now: float) -> list[_Candidate]:
         cands = self._load(lexical, now)
         for key, cand in cands.items():
             cand.lexical = lexical[key]
