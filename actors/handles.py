@@ -59,6 +59,7 @@ from actors.messages import (
     Embed,
     Embedded,
     EpisodeWritten,
+    ExpireWriteLog,
     FactWritten,
     FindMemories,
     FixesStored,
@@ -80,7 +81,9 @@ from actors.messages import (
     PresenceReport,
     PresenceRequest,
     ProfileUpdated,
+    PruneTranscript,
     PublishFix,
+    PurgeTombstones,
     Recall,
     Recalled,
     RecentTurns,
@@ -92,7 +95,9 @@ from actors.messages import (
     SyncIndex,
     Tick,
     Ticked,
+    TombstonesPurged,
     TouchEpisodes,
+    TranscriptPruned,
     TurnDelta,
     TurnList,
     TurnReply,
@@ -102,6 +107,7 @@ from actors.messages import (
     UserTurn,
     ViewMemory,
     WriteDigests,
+    WriteLogExpired,
 )
 from runtime.refs import MemoryService, NoSuchItem, change, edit
 
@@ -219,6 +225,14 @@ class TranscriptClient(ActorClient):
 
     def compact(self, msg: Compact) -> Compacted:
         return self.call("compact", msg, reply=Compacted)
+
+    def prune(self, msg: PruneTranscript) -> TranscriptPruned:
+        # repeatable: a second prune finds only what is still prunable
+        return self.call("prune", msg, reply=TranscriptPruned, retry=True)
+
+    def expire_write_log(self, msg: ExpireWriteLog) -> WriteLogExpired:
+        """Expire the write-log history of pruned transcript rows (repeatable)."""
+        return self.call("expire_write_log", msg, reply=WriteLogExpired, retry=True)
 
     def flush(self) -> Ack:
         return self.call("flush", reply=Ack, retry=True)
@@ -345,6 +359,14 @@ class EpisodesClient(ActorClient):
 
     def add_mood(self, msg: AddMood) -> MoodWritten:
         return self.call("add_mood", msg, reply=MoodWritten)
+
+    def purge_tombstones(self, msg: PurgeTombstones) -> TombstonesPurged:
+        # repeatable: a second purge at the same instant finds nothing more
+        return self.call("purge_tombstones", msg, reply=TombstonesPurged, retry=True)
+
+    def expire_write_log(self, msg: ExpireWriteLog) -> WriteLogExpired:
+        """Expire the write-log history of purged episodes (repeatable)."""
+        return self.call("expire_write_log", msg, reply=WriteLogExpired, retry=True)
 
 
 class GraphClient(ActorClient):

@@ -4,7 +4,8 @@ The Cron actor starts one per run (``num_cpus=0``, no restarts, named
 ``job-<name>-<run id>`` so the dashboard shows what runs), calls :meth:`run`
 once and kills it when the result is back: no long-lived job actors (each
 worker costs about 62 MiB PSS). The actor builds the job's
-``runtime.job_context.JobContext``: its own Store connection (reads), a
+``runtime.job_context.JobContext``: its own Store connection (reads, and its
+``job_state``), a
 :class:`actors.remote_writer.RemoteWriter` (writes go to the owner actors), the
 configured language models, the Recall actor's model (a
 :class:`actors.embedder.RemoteEmbedder`: a job that embeds, research, loads no
@@ -12,11 +13,21 @@ ONNX session of its own; when the Recall actor cannot be reached the context
 has none and such a job loads its own), and the clock: the system's, or fixed
 at the tick's ``now`` when the tick named one (tests and simulations jump
 time). When the run ends, the process's peak resident memory is logged (debug).
+
+The job's connection may write its own bookkeeping and nothing else
+(:func:`guard`): every memory write, the janitor's deletes included, goes
+through the owners, and a job that writes (or changes the schema) on its own
+connection fails loudly (``apsw.AuthError``) instead of becoming a second
+writer beside them. Not ``PRAGMA query_only``: most jobs keep their progress
+in ``job_state`` (``runtime.job_state.set_state``: consolidate, facts,
+patterns, synthesis, dmn, sync, geo, research), which only they write.
 """
 
 from __future__ import annotations
 
 import logging
+
+import apsw
 
 from actors.common import open_store, setup_logging
 from actors.embedder import RemoteEmbedder
@@ -29,6 +40,7 @@ from runtime.job_context import JobContext, JobResult
 from runtime.jobs import resolve
 from runtime.llm import make_llm
 from runtime.llm_queue import LLMHealth
+from runtime.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +54,35 @@ def shared_embedder(settings: Settings) -> Embedder | None:
         log.warning("the Recall actor is not reachable (%s): a job that embeds "
                     "loads its own model", type(exc).__name__)
         return None
+
+
+#: The tables a job's own connection may write: its bookkeeping (``runtime.job_state``).
+JOB_TABLES = frozenset({"job_state"})
+_WRITES = frozenset({apsw.SQLITE_INSERT, apsw.SQLITE_UPDATE, apsw.SQLITE_DELETE})
+_SCHEMA = frozenset({
+    apsw.SQLITE_CREATE_TABLE, apsw.SQLITE_CREATE_INDEX, apsw.SQLITE_CREATE_TRIGGER,
+    apsw.SQLITE_CREATE_VIEW, apsw.SQLITE_CREATE_VTABLE, apsw.SQLITE_DROP_TABLE,
+    apsw.SQLITE_DROP_INDEX, apsw.SQLITE_DROP_TRIGGER, apsw.SQLITE_DROP_VIEW,
+    apsw.SQLITE_DROP_VTABLE, apsw.SQLITE_ALTER_TABLE})
+
+
+def _job_authorizer(op: int, first: str | None, second: str | None, db: str | None,
+                    trigger: str | None) -> int:
+    if db == "temp":  # a job's scratch tables are its own
+        return apsw.SQLITE_OK
+    if op in _WRITES and first not in JOB_TABLES:
+        return apsw.SQLITE_DENY
+    if op in _SCHEMA:
+        return apsw.SQLITE_DENY
+    return apsw.SQLITE_OK
+
+
+def guard(store: Store) -> Store:
+    """Let ``store``'s connection write ``job_state`` only (after its migrations
+    ran): a write to any other table, or a schema change, is refused by SQLite
+    when the statement is prepared (``apsw.AuthError: not authorized``)."""
+    store.conn.authorizer = _job_authorizer
+    return store
 
 
 def peak_rss_kib() -> int | None:
@@ -66,7 +107,7 @@ class JobActor:
         once and answer its result; what it raises goes back to Cron."""
         fn = resolve(target)
         clock: Clock = SystemClock() if now is None else ManualClock(now)
-        store = open_store(self.settings, clock)
+        store = guard(open_store(self.settings, clock))
         try:
             ctx = JobContext(store=store, writer=RemoteWriter(self.settings.runtime.namespace),
                              llm=make_llm(self.settings.llm, LLMHealth(

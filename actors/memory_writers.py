@@ -29,15 +29,20 @@ from actors.messages import (
     DropFromIndex,
     EditMemory,
     EpisodeWritten,
+    ExpireWriteLog,
     FactWritten,
     MoodWritten,
     PortraitWritten,
     ProfileUpdated,
+    PurgeTombstones,
+    TombstonesPurged,
     TouchEpisodes,
     UpdateProfile,
     UpdateThread,
     WriteDigests,
+    WriteLogExpired,
 )
+from runtime import janitor
 from runtime.config import Settings
 from runtime.digests import DigestService
 from runtime.duplicates import NearDuplicate
@@ -93,6 +98,24 @@ class EpisodesActor:
         msg = accept(AddMood, msg)
         return MoodWritten(mood_id=self.moods.add(msg.mood, msg.writer))
 
+    def purge_tombstones(self, msg: PurgeTombstones) -> TombstonesPurged:
+        """Hard-delete the episodes tombstoned 30 days or more before the
+        message's ``now`` (the decay job's; None: this actor's clock). Their
+        citations go by cascade; their index entries are left to recall, which
+        joins every hit against the rows."""
+        msg = accept(PurgeTombstones, msg)
+        purged = self.episodes.purge_tombstones(msg.writer, msg.now)
+        if purged:
+            log.info("purged %d tombstoned episodes", purged)
+        return TombstonesPurged(purged=purged)
+
+    def expire_write_log(self, msg: ExpireWriteLog) -> WriteLogExpired:
+        """Drop the write-log history of purged episodes past retention."""
+        msg = accept(ExpireWriteLog, msg)
+        now = self.store.clock.now() if msg.now is None else msg.now
+        return WriteLogExpired(dropped=janitor.expire_write_log(
+            self.store, now, janitor.EPISODE_HISTORY))
+
     def touch(self, msg: TouchEpisodes) -> Ack:
         """Episodes used in an answer: their decay restarts."""
         msg = accept(TouchEpisodes, msg)
@@ -135,7 +158,8 @@ class GraphActor:
         except (ValidationError, ValueError) as exc:  # both are ValueErrors
             raise bad_request(exc) from None
         self.notify_recall()
-        return FactWritten(fact_id=fact_id, action=decision.action)
+        return FactWritten(fact_id=fact_id, action=decision.action,
+                           existing_id=decision.existing_id, claim_id=decision.claim_id)
 
     def add_portrait(self, msg: AddPortrait) -> PortraitWritten:
         """Append a version of the portrait (``runtime.portrait``), with the write log."""

@@ -20,6 +20,8 @@ older senders keep working.
 | TouchEpisodes      | Episodes.touch           | Ack              |
 | UpdateThread       | Episodes.update_thread   | Ack              |
 | AddMood            | Episodes.add_mood        | MoodWritten      |
+| PurgeTombstones    | Episodes.purge_tombstones | TombstonesPurged |
+| ExpireWriteLog     | Episodes.expire_write_log | WriteLogExpired (episodes' history) |
 | AddFact            | Graph.add                | FactWritten      |
 | AddPortrait        | Graph.add_portrait       | PortraitWritten  |
 | WriteDigests       | Graph.write_digests      | DigestsWritten   |
@@ -32,6 +34,8 @@ older senders keep working.
 | ViewMemory         | Recall.view              | MemoryView (none: NoSuchMemory) |
 | StatusRequest      | (actors.status, no actor) | Status          |
 | Compact            | Transcript.compact       | Compacted        |
+| PruneTranscript    | Transcript.prune         | TranscriptPruned |
+| ExpireWriteLog     | Transcript.expire_write_log | WriteLogExpired (the transcript's history) |
 | Activity           | Cron.activity            | Ack              |
 | Presence           | Cron.presence            | Ack              |
 | Tick               | Cron.tick                | Ticked           |
@@ -297,8 +301,15 @@ class AddFact(Message):
 
 
 class FactWritten(Message):
+    """What ``AddFact`` did (``runtime.facts.Resolution``): ``fact_id`` is the
+    fact now current; ``existing_id`` the fact it met (reinforced, superseded,
+    kept, or duplicated: then ``fact_id`` is that one too); ``claim_id``, for a
+    ``keep``, the history row that records the claim that lost."""
+
     fact_id: int
     action: Literal["insert", "reinforce", "supersede", "keep", "duplicate"]
+    existing_id: int | None = None
+    claim_id: int | None = None
 
 
 class AddPortrait(Message):
@@ -361,6 +372,18 @@ class AddMood(Message):
 
 class MoodWritten(Message):
     mood_id: int
+
+
+class PurgeTombstones(Message):
+    """Hard-delete the episodes tombstoned long enough ago (``runtime.decay``:
+    30 days) as of ``now`` (the decay job's clock; None: the actor's)."""
+
+    now: float | None = Field(default=None, allow_inf_nan=False)
+    writer: str = Field(default="janitor", min_length=1, max_length=80)
+
+
+class TombstonesPurged(Message):
+    purged: int
 
 
 class ChangeMemory(Message):
@@ -510,6 +533,34 @@ class Compact(Message):
 
 class Compacted(Message):
     compaction_id: int
+
+
+# -- the janitor (the decay job) ---------------------------------------------
+
+class PruneTranscript(Message):
+    """Delete ``channel``'s rows at or below its compaction watermark that no
+    live episode cites (``runtime.transcript.TranscriptService.prune``)."""
+
+    channel: str = Field(min_length=1, max_length=200)
+    writer: str = Field(default="janitor", min_length=1, max_length=80)
+
+
+class TranscriptPruned(Message):
+    pruned: int
+
+
+class ExpireWriteLog(Message):
+    """Drop the write-log history of the rows the janitor deleted at least
+    ``runtime.decay.WRITE_LOG_RETENTION_DAYS`` before ``now`` (None: the actor's
+    clock). Each owner expires the history of its own tables: Transcript that
+    of transcript rows (and their tool calls), Episodes that of episodes (and
+    their citations)."""
+
+    now: float | None = Field(default=None, allow_inf_nan=False)
+
+
+class WriteLogExpired(Message):
+    dropped: int  # write-log rows deleted
 
 
 # -- the subconscious: Cron ------------------------------------------------

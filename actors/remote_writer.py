@@ -2,13 +2,16 @@
 
 :class:`RemoteWriter` satisfies ``runtime.job_context.MemoryWriter`` (as
 :class:`runtime.memory.Memory` does in-process): ``add_episode``,
-``update_thread`` and ``add_mood`` go to the Episodes actor, ``add_fact``,
-``add_portrait``, ``write_digests`` and ``update_profile`` to Graph,
-``compact`` to Transcript, ``change`` to the
-owner of the ref's kind (``actors.common.OWNERS``, as ``reverie forget``
-does), through the typed clients, so the single-writer rule holds for jobs
-too. A refused write raises ``BadRequest`` (a muted source, an unknown kind),
-as it would in-process.
+``update_thread``, ``add_mood`` and ``purge_tombstones`` go to the Episodes
+actor, ``add_fact``, ``add_portrait``, ``write_digests`` and
+``update_profile`` to Graph, ``compact`` and ``prune_transcript`` to
+Transcript, ``expire_write_log`` to both (each drops the history of its own
+tables: Transcript that of pruned turns, Episodes that of purged episodes),
+``change`` to the owner of the ref's kind (``actors.common.OWNERS``, as
+``reverie forget`` does), through the typed clients, so the single-writer rule
+holds for jobs too: the janitor (the decay job) deletes through here, never on
+its own connection. A refused write raises ``BadRequest`` (a muted source, an
+unknown kind), as it would in-process.
 """
 
 from __future__ import annotations
@@ -23,6 +26,9 @@ from actors.messages import (
     AddPortrait,
     ChangeMemory,
     Compact,
+    ExpireWriteLog,
+    PruneTranscript,
+    PurgeTombstones,
     UpdateProfile,
     UpdateThread,
     WriteDigests,
@@ -47,13 +53,12 @@ class RemoteWriter:
         return self.episodes.add(AddEpisode(episode=episode, writer=writer)).episode_id
 
     def add_fact(self, fact: FactIn, writer: str) -> tuple[int, Resolution]:
-        """Write a fact through contradiction resolution. The Graph actor answers
-        the id now current and the action; for ``reinforce`` and ``keep`` that id
-        is the existing fact's (the history row of a lost claim is not reported)."""
+        """Write a fact through contradiction resolution: the id now current and
+        the Graph actor's whole resolution (the fact met, and for a ``keep``
+        the history row of the claim that lost)."""
         written = self.graph.add(AddFact(fact=fact, writer=writer))
-        existing = (written.fact_id if written.action in ("reinforce", "keep", "duplicate")
-                    else None)
-        return written.fact_id, Resolution(written.action, existing)
+        return written.fact_id, Resolution(written.action, written.existing_id,
+                                           written.claim_id)
 
     def compact(self, channel: str, summary: str, watermark: int, writer: str) -> int:
         return self.transcript.compact(Compact(channel=channel, summary=summary,
@@ -84,3 +89,14 @@ class RemoteWriter:
 
     def add_mood(self, mood: MoodIn, writer: str) -> int:
         return self.episodes.add_mood(AddMood(mood=mood, writer=writer)).mood_id
+
+    def purge_tombstones(self, now: float, writer: str) -> int:
+        return self.episodes.purge_tombstones(PurgeTombstones(now=now, writer=writer)).purged
+
+    def prune_transcript(self, channel: str, writer: str) -> int:
+        return self.transcript.prune(PruneTranscript(channel=channel, writer=writer)).pruned
+
+    def expire_write_log(self, now: float) -> int:
+        msg = ExpireWriteLog(now=now)
+        return (self.transcript.expire_write_log(msg).dropped
+                + self.episodes.expire_write_log(msg).dropped)

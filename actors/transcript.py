@@ -22,17 +22,21 @@ from actors.messages import (
     Compact,
     Compacted,
     EditMemory,
+    ExpireWriteLog,
     FixesStored,
     LocationInfo,
     LocationRequest,
+    PruneTranscript,
     RecentTurns,
     RecordFixes,
+    TranscriptPruned,
     TurnList,
     TurnRow,
     TurnsAppended,
+    WriteLogExpired,
 )
 from device.records import LocationRecord
-from runtime import location
+from runtime import janitor, location
 from runtime.config import Settings
 from runtime.transcript import TranscriptService
 
@@ -116,6 +120,19 @@ class TranscriptActor:
         except ValueError as exc:
             raise bad_request(exc) from None
         return Compacted(compaction_id=compaction_id)
+
+    def prune(self, msg: PruneTranscript) -> TranscriptPruned:
+        """Delete a channel's rows at or below its compaction watermark that no
+        live episode cites (the decay job); their tool calls go by cascade."""
+        msg = accept(PruneTranscript, msg)
+        return TranscriptPruned(pruned=self.transcript.prune(msg.channel, msg.writer))
+
+    def expire_write_log(self, msg: ExpireWriteLog) -> WriteLogExpired:
+        """Drop the write-log history of pruned transcript rows past retention."""
+        msg = accept(ExpireWriteLog, msg)
+        now = self.store.clock.now() if msg.now is None else msg.now
+        return WriteLogExpired(dropped=janitor.expire_write_log(
+            self.store, now, janitor.TRANSCRIPT_HISTORY))
 
     def counts(self) -> dict[str, int]:
         return self.store.counts()

@@ -180,9 +180,10 @@ class EpisodeService:
             "SELECT * FROM episodes WHERE channel = ? AND level = ? AND parent_id IS NULL"
             " AND tombstoned_at IS NULL ORDER BY id", (channel, level))
 
-    def purge_tombstones(self, writer: str = WRITER) -> int:
-        """Hard-delete tombstoned episodes older than 30 days."""
-        now = self.store.clock.now()
+    def purge_tombstones(self, writer: str = WRITER, now: float | None = None) -> int:
+        """Hard-delete episodes tombstoned 30 days or more before ``now`` (None:
+        the store's clock; the decay job passes its own, which is the tick's)."""
+        now = self.store.clock.now() if now is None else now
         with self.store.write_transaction():
             ids = [r["id"] for r in self.store.rows(
                 "SELECT id, tombstoned_at FROM episodes WHERE tombstoned_at IS NOT NULL")

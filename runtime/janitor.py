@@ -21,13 +21,18 @@
   compactions is kept, and so is the content-free trace of a row the user
   forgot (:meth:`runtime.store.Store.forget` promises it).
 
-Where the deletes go. The job contract (:class:`runtime.job_context.MemoryWriter`)
-has no delete, so the janitor calls the services on ``ctx.store`` itself, as
-writer ``janitor``. In the actor runtime this job should therefore run inside
-the owners of those tables (Episodes, Transcript), or the writer protocol
-should grow ``purge_tombstones``/``prune`` methods. A stale vector left in an
-in-memory index by these deletes is harmless: recall joins every hit against
-the database.
+Where the deletes go. The janitor reads from ``ctx.store`` (which channels
+have a compaction) and deletes only through ``ctx.writer``
+(:class:`runtime.job_context.MemoryWriter`), as writer ``janitor``: in the
+actor runtime the purge and the write-log expiry of episodes go to the
+Episodes actor, the pruning and the write-log expiry of the transcript to the
+Transcript actor (``actors.remote_writer.RemoteWriter``), so each table keeps
+one writer; in-process :class:`runtime.memory.Memory` does them. The job's
+``now`` travels with the purge and the expiry: a run started by a tick that
+names its instant selects by that instant, not by the owner's clock (the
+owner stamps the write log with its own clock, as it does every write of a
+job). A stale vector left in an in-memory index by these deletes is harmless:
+recall joins every hit against the database.
 """
 
 from __future__ import annotations
@@ -37,12 +42,9 @@ from collections.abc import Sequence
 
 from runtime.clock import DAY
 from runtime.decay import WRITE_LOG_RETENTION_DAYS, write_log_expired
-from runtime.episodes import EpisodeService
 from runtime.job_context import JobContext, JobResult
-from runtime.profiles import MemoryProfiles
 from runtime.store import Store
 from runtime.threads import escalate_due
-from runtime.transcript import TranscriptService
 
 log = logging.getLogger(__name__)
 
@@ -57,21 +59,23 @@ _CASCADES: dict[str, tuple[tuple[str, str | None], ...]] = {
     "transcript": (("tool_calls", "$.transcript_id"),),
     "episodes": (("episode_citations", None),),
 }
+#: Whose history each owner expires (:func:`expire_write_log`'s ``tables``).
+TRANSCRIPT_HISTORY = ("transcript",)
+EPISODE_HISTORY = ("episodes",)
 
 
 def run(ctx: JobContext) -> JobResult:
     """Purge expired tombstones, prune the transcript, expire the write log."""
-    profiles = MemoryProfiles.load(ctx.settings.memory.profiles_file)
-    purged = EpisodeService(ctx.store, profiles).purge_tombstones(WRITER)
+    now = ctx.clock.now()
+    purged = ctx.writer.purge_tombstones(now, WRITER)
     pruned = 0
-    transcript = TranscriptService(ctx.store, profiles)
     channels = [r[0] for r in ctx.store.conn.execute(
         "SELECT DISTINCT channel FROM compactions ORDER BY channel")]
     for channel in channels:
         if ctx.out_of_time():
             return JobResult(purged + pruned, _detail(purged, pruned, None), more=True)
-        pruned += transcript.prune(channel, WRITER)
-    dropped = expire_write_log(ctx.store, ctx.clock.now())
+        pruned += ctx.writer.prune_transcript(channel, WRITER)
+    dropped = ctx.writer.expire_write_log(now)
     raised = escalate_due(ctx)  # open threads left too long (runtime.threads)
     return JobResult(purged + pruned + raised,
                      f"{_detail(purged, pruned, dropped)}, {raised} open threads escalated")
@@ -82,12 +86,19 @@ def _detail(purged: int, pruned: int, dropped: int | None) -> str:
     return f"{purged} tombstones purged, {pruned} transcript rows pruned{tail}"
 
 
-def expire_write_log(store: Store, now: float) -> int:
-    """Drop the write-log history of transcript rows and episodes deleted (not
-    forgotten) at least the retention period ago; return how many log rows went."""
+def expire_write_log(store: Store, now: float,
+                     tables: Sequence[str] = (*TRANSCRIPT_HISTORY, *EPISODE_HISTORY)) -> int:
+    """Drop the write-log history of transcript rows and episodes (``tables``:
+    those of one owner, :data:`TRANSCRIPT_HISTORY` or :data:`EPISODE_HISTORY`)
+    deleted (not forgotten) at least the retention period before ``now``;
+    return how many log rows went."""
+    unknown = set(tables) - set(_CASCADES)
+    if unknown:
+        raise ValueError(f"no write-log retention rule for {sorted(unknown)}")
     cutoff = now - WRITE_LOG_RETENTION_DAYS * DAY
     dropped = 0
-    for table, cascades in _CASCADES.items():
+    for table in tables:
+        cascades = _CASCADES[table]
         deleted = [
             int(r["row_id"]) for r in store.rows(
                 "SELECT row_id, at FROM write_log WHERE op = 'delete' AND table_name = ?"
@@ -97,7 +108,8 @@ def expire_write_log(store: Store, now: float) -> int:
         for start in range(0, len(deleted), _CHUNK):
             dropped += _drop(store, table, cascades, deleted[start:start + _CHUNK])
     if dropped:
-        log.info("write log: %d rows of pruned memory expired", dropped)
+        log.info("write log: %d rows of pruned memory expired (%s)", dropped,
+                 ", ".join(tables))
     return dropped
 
 

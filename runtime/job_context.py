@@ -4,7 +4,10 @@ A job is a plain function ``JobFn = Callable[[JobContext], JobResult]`` in
 ``runtime/``, testable without Ray. It reads memory straight from the store
 (its own connection) and writes only through ``ctx.writer``: in the actor
 runtime the writer forwards to the actors that own each table (Episodes,
-Graph, Transcript), in-process it is :class:`runtime.memory.Memory`. A job
+Graph, Transcript), in-process it is :class:`runtime.memory.Memory`; deletes
+too (the janitor's purge, pruning and write-log expiry). In the actor
+runtime the job's own connection may write nothing but ``job_state`` (its
+bookkeeping, ``runtime.job_state``): ``actors.job_actor`` refuses the rest. A job
 that embeds text uses ``ctx.embedder``: in the actor runtime the Recall
 actor's model (:class:`actors.embedder.RemoteEmbedder`), in-process the
 memory's own; only when it is None does a job load a model of its own. A job is
@@ -76,6 +79,25 @@ class MemoryWriter(Protocol):
 
     def add_mood(self, mood: MoodIn, writer: str) -> int:
         """Store a new reading of the mood (``runtime.mood``); return its id."""
+        ...
+
+    # -- the janitor's deletes (the decay job, ``runtime.janitor``) ------------
+
+    def purge_tombstones(self, now: float, writer: str) -> int:
+        """Hard-delete the episodes tombstoned 30 days or more before ``now``
+        (the job's clock, not the owner's); return how many went."""
+        ...
+
+    def prune_transcript(self, channel: str, writer: str) -> int:
+        """Delete ``channel``'s rows at or below its compaction watermark that
+        no live episode cites; return how many went."""
+        ...
+
+    def expire_write_log(self, now: float) -> int:
+        """Drop the write-log history of the transcript rows and episodes
+        deleted at least the retention period before ``now``, each owner its
+        own tables' (``runtime.janitor.expire_write_log``); return how many
+        log rows went."""
         ...
 
 

@@ -21,6 +21,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from runtime import janitor
 from runtime.clock import Clock, SystemClock, household_zone
 from runtime.config import Settings
 from runtime.digests import DigestBatch, DigestService
@@ -163,6 +164,18 @@ class Memory:
     def add_mood(self, mood: MoodIn, writer: str = "consolidate") -> int:
         """Store a new reading of the mood (``runtime.mood``)."""
         return MoodService(self.store).add(mood, writer)
+
+    def purge_tombstones(self, now: float, writer: str = janitor.WRITER) -> int:
+        """Hard-delete episodes tombstoned 30 days or more before ``now``."""
+        return self.episodes.purge_tombstones(writer, now)
+
+    def prune_transcript(self, channel: str, writer: str = janitor.WRITER) -> int:
+        """Delete ``channel``'s compacted rows that no live episode cites."""
+        return self.transcript.prune(channel, writer)
+
+    def expire_write_log(self, now: float) -> int:
+        """Drop the write-log history of pruned and purged rows past retention."""
+        return janitor.expire_write_log(self.store, now)
 
     def change(self, ref: Ref, action: Action, writer: str = "user") -> None:
         """Disable, enable, delete (forget), pin or unpin a memory item; its vector

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import apsw
+import pytest
+
+from actors.job_actor import guard
 from runtime import janitor
 from runtime.clock import DAY, ManualClock
 from runtime.config import Settings
@@ -13,6 +17,7 @@ from runtime.facts import FactIn
 from runtime.job_context import JobContext
 from runtime.llm import FallbackChain, OfflineProvider
 from runtime.memory import Memory
+from runtime.store import Store
 from runtime.transcript import TurnIn
 
 
@@ -131,3 +136,32 @@ def test_write_log_keeps_fact_history_and_drops_pruned_rows_after_retention(
     assert _log_rows(memory, "facts", first) >= 2 and _log_rows(memory, "facts", second) >= 1
     assert _log_rows(memory, "transcript", forgotten) == 2
     assert _log_rows(memory, "transcript", kept) >= 1
+
+
+def test_the_janitor_only_reads_its_connection_and_deletes_through_the_writer_at_its_now(
+        memory: Memory, clock: ManualClock) -> None:
+    """As in a job actor: the job's own connection may write only ``job_state``
+    (``actors.job_actor.guard``) and its clock is the tick's, ahead of the
+    owner's. The deletes go through the writer, which selects by the job's now
+    and stamps the write log with its own clock."""
+    turn = memory.add_turn(TurnIn(channel="voice", source="user", content="The boiler."))
+    old = _leaf(memory, "The boiler pressure dropped.", [turn])
+    memory.add_episode(EpisodeIn(channel="voice", source="user", level=1,
+                                 gist="Home repairs.", children=[old]))
+    memory.compact("voice", "The boiler.", turn)
+    job_clock = ManualClock(clock.now() + 31 * DAY)  # the owner's clock stays behind
+    reader = guard(Store(memory.settings.store.path, memory.kinds, clock=job_clock))
+    try:
+        with pytest.raises(apsw.AuthError):  # the guard holds on this connection
+            reader.delete(janitor.WRITER, "episodes", old)
+        result = janitor.run(JobContext(store=reader, writer=memory,
+                                        llm=FallbackChain([OfflineProvider()]),
+                                        clock=job_clock, settings=memory.settings))
+    finally:
+        reader.close()
+    assert result.items == 2, result.detail  # the tombstone, and the turn only it cited
+    assert memory.episodes.get(old) is None and memory.transcript.get(turn) is None
+    deletes = memory.store.rows("SELECT table_name, writer, at FROM write_log"
+                                " WHERE op = 'delete' ORDER BY id")
+    assert [(d["table_name"], d["writer"], d["at"]) for d in deletes] == [
+        ("episodes", "janitor", clock.now()), ("transcript", "janitor", clock.now())]

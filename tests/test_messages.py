@@ -72,6 +72,7 @@ SAMPLES: list[m.Message] = [
     m.EpisodeWritten(episode_id=7),
     m.AddFact(fact=FactIn(kind="place", subject="Ana", key="lives_in", value="Porto")),
     m.FactWritten(fact_id=2, action="supersede"),
+    m.FactWritten(fact_id=2, action="keep", existing_id=2, claim_id=5),
     m.AddPortrait(portrait=PortraitIn(lines=[PortraitLine(
         section="people", text="Ana: Caroline's sister", refs=["fact:2", "episode:1"])],
         signature="abc", how="offline")),
@@ -106,6 +107,14 @@ SAMPLES: list[m.Message] = [
     # the Cron actor and the jobs
     m.Compact(channel="chat", summary="they talked", watermark=12, writer="consolidate"),
     m.Compacted(compaction_id=3),
+    # the janitor's deletes (the decay job)
+    m.PurgeTombstones(now=7.0, writer="janitor"),
+    m.TombstonesPurged(purged=2),
+    m.PruneTranscript(channel="chat"),
+    m.TranscriptPruned(pruned=4),
+    m.ExpireWriteLog(now=7.0),
+    m.ExpireWriteLog(),
+    m.WriteLogExpired(dropped=9),
     m.Activity(at=5.0),
     m.Activity(),
     m.Presence(person="ana", state="away", at=6.0),
@@ -198,3 +207,11 @@ def test_citations_come_one_list_per_turn() -> None:
 def test_embedded_vectors_survive() -> None:
     vecs = np.random.default_rng(1).random((3, 8), dtype=np.float32)
     assert np.array_equal(m.Embedded.of("x", vecs).array(), vecs)
+
+
+def test_fact_written_carries_the_whole_resolution_and_old_senders_still_validate() -> None:
+    keep = m.FactWritten(fact_id=2, action="keep", existing_id=2, claim_id=5)
+    back = m.FactWritten.model_validate_json(keep.model_dump_json())
+    assert (back.existing_id, back.claim_id) == (2, 5)
+    old = m.FactWritten.model_validate({"v": 1, "fact_id": 3, "action": "insert"})
+    assert old.existing_id is None and old.claim_id is None
