@@ -332,3 +332,26 @@ def test_the_listening_socket_is_tcp_so_answers_are_not_delayed() -> None:
         assert sock.proto == socket.IPPROTO_TCP
     finally:
         sock.close()
+
+
+def test_the_idle_server_wakes_once_a_second_and_keeps_its_date_current(api: Api) -> None:
+    """uvicorn's own loop wakes ten times a second whether or not anything
+    happens (the costliest idle actor); ours wakes once a second, and the Date
+    header it refreshes on each wake stays current."""
+    import time
+    from email.utils import parsedate_to_datetime
+
+    import ray
+
+    from actors.common import HTTP
+    from actors.http import TICK_S
+
+    server = ray.get_actor(HTTP, namespace=NS)
+    before = ray.get(server.ticks.remote())
+    time.sleep(3 * TICK_S)
+    woke = ray.get(server.ticks.remote()) - before
+    assert 2 <= woke <= 4, woke  # uvicorn's loop: about 30; none: the loop is not ours
+    with api.client() as c:
+        answer = c.get("/v1/status")
+    stamp = parsedate_to_datetime(answer.headers["date"]).timestamp()
+    assert abs(stamp - time.time()) <= 2 * TICK_S + 1
