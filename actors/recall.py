@@ -41,7 +41,7 @@ from runtime import browse as browsing
 from runtime.clock import household_zone
 from runtime.config import Settings
 from runtime.duplicates import IndexFinder
-from runtime.embedder import make_embedder
+from runtime.embedder import QueryCache, make_embedder
 from runtime.fact_kinds import FactKinds
 from runtime.indexing import Indexer
 from runtime.recall import Recaller
@@ -64,7 +64,8 @@ class RecallActor:
         self.index = VectorIndex(self.store, index_dir, self.embedder.name, self.embedder.dim)
         self.indexer = Indexer(self.store, self.index, self.embedder,
                                batch=settings.embedder.batch_size)
-        self.recaller = Recaller(self.store, self.index, self.embedder,
+        # questions asked again skip the model (the jobs' batches do not go here)
+        self.recaller = Recaller(self.store, self.index, QueryCache(self.embedder),
                                  FactKinds.load(settings.memory.fact_kinds_file),
                                  settings.recall, self.store.clock,
                                  zone=household_zone(settings.household.timezone))

@@ -23,6 +23,7 @@ import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -75,6 +76,37 @@ class Embedder(Protocol):
     dim: int
 
     def embed(self, texts: Sequence[str]) -> Vectors: ...
+
+
+class QueryCache:
+    """An :class:`Embedder` that keeps the vectors of the last ``size`` texts
+    embedded one at a time: a question asked again (households repeat theirs)
+    skips the model. Batches go straight through and are not kept. Not
+    thread-safe: one caller thread (the Recall actor runs one call at a time)."""
+
+    def __init__(self, inner: Embedder, size: int = 256) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.dim = inner.dim
+        self.size = size
+        self.hits = 0
+        self._kept: OrderedDict[str, Vectors] = OrderedDict()
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        if len(texts) != 1 or self.size <= 0:
+            return self.inner.embed(texts)
+        text = texts[0]
+        vec = self._kept.get(text)
+        if vec is not None:
+            self._kept.move_to_end(text)
+            self.hits += 1
+            return vec.copy()
+        vec = self.inner.embed([text])
+        vec.setflags(write=False)
+        self._kept[text] = vec
+        if len(self._kept) > self.size:
+            self._kept.popitem(last=False)
+        return vec.copy()
 
 
 def default_cache_dir() -> Path:

@@ -24,6 +24,7 @@ from runtime.embedder import (
     Embedder,
     EmbedderError,
     OnnxMiniLMEmbedder,
+    QueryCache,
     default_cache_dir,
     make_embedder,
     usable_cores,
@@ -292,3 +293,34 @@ def test_threads_zero_means_every_usable_core_even_where_omp_says_one(
     options = session.get_session_options()
     assert options.intra_op_num_threads == usable_cores() == len(os.sched_getaffinity(0))
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
+class _Counting:
+    """The real model, counting the texts it was asked to embed."""
+
+    def __init__(self, inner: OnnxMiniLMEmbedder) -> None:
+        self.inner, self.name, self.dim, self.texts = inner, inner.name, inner.dim, 0
+
+    def embed(self, texts: Sequence[str]) -> npt.NDArray[np.float32]:
+        self.texts += len(texts)
+        return self.inner.embed(texts)
+
+
+def test_query_cache_skips_the_model_for_a_question_asked_again(
+        minilm: OnnxMiniLMEmbedder) -> None:
+    model = _Counting(minilm)
+    cache = QueryCache(model, size=2)
+    assert isinstance(cache, Embedder) and cache.name == minilm.name
+    first = cache.embed(["Where are the spare keys?"])
+    first[0, 0] = 42.0  # the caller's copy: the kept vector is not changed by it
+    again = cache.embed(["Where are the spare keys?"])
+    assert model.texts == 1 and cache.hits == 1
+    np.testing.assert_array_equal(again, minilm.embed(["Where are the spare keys?"]))
+    # batches go straight through and are not kept
+    cache.embed(["a", "b"])
+    cache.embed(["a"])
+    assert model.texts == 1 + 2 + 1
+    # least recently used goes first: "keys" was used before "a", then "b" comes
+    cache.embed(["b"])
+    cache.embed(["Where are the spare keys?"])
+    assert model.texts == 1 + 2 + 1 + 1 + 1 and cache.hits == 1
