@@ -120,7 +120,7 @@ def _turn(args: argparse.Namespace, text: str) -> Any:
     from actors.messages import UserTurn
 
     return UserTurn(channel=args.channel, source=args.source, text=text,
-                    temporary=args.temporary)
+                    speaker=args.speaker, temporary=args.temporary)
 
 
 def _print_reply(reply: Any, as_json: bool) -> None:
@@ -681,6 +681,10 @@ def parser() -> argparse.ArgumentParser:
     def turn_args(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--channel", default="cli")
         sp.add_argument("--source", default="user")
+        sp.add_argument("--speaker", default=None,
+                        help="who is talking (a household member's name): the turn is "
+                             "theirs, and the reply may use only what the privacy rules "
+                             "let that speaker be told")
         sp.add_argument("--temporary", action="store_true",
                         help="a temporary chat: writes no memory and no transcript")
 

@@ -95,6 +95,19 @@ def test_say_and_recall(running: dict[str, str]) -> None:
     assert found.returncode == 0 and f"turn:{turn_id}" in found.stdout
 
 
+def test_say_as_a_speaker(running: dict[str, str]) -> None:
+    told = reverie(running, "say", "My violin lesson moved to Thursdays.",
+                   "--speaker", "Maya", "--json")
+    assert told.returncode == 0, told.stderr
+    turn_ref = f"turn:{json.loads(told.stdout)['turn_id']}"
+    found = reverie(running, "recall", "violin lesson", "--json")
+    assert found.returncode == 0, found.stderr
+    items = {i["ref"]: i for i in json.loads(found.stdout)["items"]}
+    assert "] Maya: My violin lesson" in items[turn_ref]["text"]
+    unnamed = reverie(running, "say", "hello", "--speaker", "x" * 201)
+    assert unnamed.returncode == 2 and "speaker" in unnamed.stderr
+
+
 def test_remember_disable_forget(running: dict[str, str]) -> None:
     made = reverie(running, "remember", "The spare bike lock code is 2718.")
     assert made.returncode == 0, made.stderr
