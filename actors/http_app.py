@@ -211,6 +211,12 @@ class RememberRequest(BaseModel):
     level: Literal["normal", "vivid", "seared"] = Field(
         default="normal", description="Memory level: vivid never fades below half, "
                                       "seared never fades (runtime.levels).")
+    sensitive: bool = Field(
+        default=False, description="Codes, health, money: only its owner is ever told it, "
+                                   "never an unknown voice (runtime.privacy).")
+    person: str | None = Field(
+        default=None, min_length=1, max_length=200,
+        description="Whose it is, a household member's name (default: the household's).")
 
 
 class MemoryWritten(BaseModel):
@@ -274,7 +280,7 @@ def make_app(settings: Settings, token: str, backend: Backend) -> Any:
               tags=["memories"])
     def post_memory(body: RememberRequest) -> MemoryWritten:
         """Remember ``text`` as a user-managed fact (as ``reverie remember``)."""
-        ref, action = backend.remember(body.text, body.level)
+        ref, action = backend.remember(body.text, body.level, body.sensitive, body.person)
         return MemoryWritten(ref=ref, action=action)
 
     def change(ref: str, what: str) -> Changed:

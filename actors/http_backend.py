@@ -34,7 +34,8 @@ class Backend(Protocol):
     def turn(self, msg: UserTurn) -> TurnReply: ...
     def turn_stream(self, msg: UserTurn) -> Iterator[TurnDelta | TurnReply]: ...
     def recall(self, msg: Recall) -> Recalled: ...
-    def remember(self, text: str, level: str = "normal") -> tuple[str, str]: ...
+    def remember(self, text: str, level: str = "normal", sensitive: bool = False,
+                 person: str | None = None) -> tuple[str, str]: ...
     def change(self, ref: str, change: str) -> str: ...
     def edit(self, ref: str, text: str) -> str: ...
     def browse(self, msg: BrowseMemories) -> MemoryPage: ...
@@ -67,13 +68,15 @@ class ActorBackend:
     def recall(self, msg: Recall) -> Recalled:
         return self.recall_client.recall(msg)
 
-    def remember(self, text: str, level: str = "normal") -> tuple[str, str]:
+    def remember(self, text: str, level: str = "normal", sensitive: bool = False,
+                 person: str | None = None) -> tuple[str, str]:
         """An explicit "remember": a user-managed fact (as ``reverie remember``),
-        at ``level`` (normal, vivid or seared; ValueError otherwise)."""
+        at ``level`` (normal, vivid or seared; ValueError otherwise), sensitive
+        or not, and whose (``person``; None: the household's)."""
         from actors.messages import AddFact
         from runtime.remember import note_fact
 
-        fact = note_fact(text, level)
+        fact = note_fact(text, level, sensitive=sensitive, person=person)
         written = self.graph.add(AddFact(fact=fact, writer="http"))
         self.recall_client.sync()
         return f"fact:{written.fact_id}", written.action

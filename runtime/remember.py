@@ -45,9 +45,11 @@ def note_key(text: str) -> str:
 
 
 def note_fact(text: str, level: str = "normal", kind: str = NOTE_KIND,
-              subject: str = NOTE_SUBJECT, key: str | None = None) -> FactIn:
+              subject: str = NOTE_SUBJECT, key: str | None = None, *,
+              sensitive: bool = False, person: str | None = None) -> FactIn:
     """The user-managed fact that remembers ``text``; ValueError for an empty
-    text or a level other than normal, vivid or seared."""
+    text or a level other than normal, vivid or seared. ``sensitive`` and
+    ``person``: as ``reverie remember --sensitive --person`` (runtime.privacy)."""
     text = text.strip()
     if not text:
         raise ValueError("nothing to remember: the text is empty")
@@ -55,7 +57,8 @@ def note_fact(text: str, level: str = "normal", kind: str = NOTE_KIND,
     if checked not in LEVELS:
         raise ValueError(f"remember at level normal, vivid or seared, not {level!r}")
     return FactIn(kind=kind, subject=subject, key=key or note_key(text), value=text,
-                  confidence=1.0, source="user", user_managed=True, memory_level=checked)
+                  confidence=1.0, source="user", user_managed=True, memory_level=checked,
+                  sensitive=sensitive, person=person)
 
 
 def turn_facts(turn: dict[str, Any], profiles: MemoryProfiles) -> list[FactIn]:

@@ -166,6 +166,24 @@ def test_browse_by_kind_words_and_pages_and_get_one(api: Api) -> None:
     assert view["details"]["user_managed"] is True and view["level"] == "normal"
 
 
+def test_remember_someones_sensitive_fact(api: Api) -> None:
+    """As ``reverie remember --sensitive --person``: the fact is marked, and
+    whose it is travels with it; a blank or over-long name is refused (422)."""
+    c = api.client()
+    word = tag()
+    ref = c.post("/v1/memories", {"text": f"Rui's {word} PIN is 9182.", "sensitive": True,
+                                  "person": "Rui"})
+    assert ref.status_code == 201, ref.text
+    view = c.get(f"/v1/memories/{ref.json()['ref']}").json()
+    assert (view["sensitive"], view["person"]) == (True, "Rui")
+    plain = c.get(f"/v1/memories/{remember(c, f'The {word} shed is green.')}").json()
+    assert (plain["sensitive"], plain["person"]) == (False, None)
+    for bad in ({"person": ""}, {"person": "x" * 201}, {"sensitive": "maybe"}):
+        r = c.post("/v1/memories", {"text": f"The {word} gate squeaks.", **bad})
+        assert r.status_code == 422, r.text
+        assert next(iter(bad)) in r.text
+
+
 def test_disabled_ones_are_flagged_or_left_out(api: Api) -> None:
     word = tag()
     c = api.client()
