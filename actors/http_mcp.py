@@ -10,8 +10,10 @@ tools:
 * ``recall``: what memory holds about a question or topic;
 * ``remember``: keep a fact (as ``reverie remember``, with its ``level``);
 * ``forget``: delete one memory by its ref, for good;
-* ``timeline``: what was remembered within a time window, oldest first (times
-  read in the household's time zone, ``household.timezone``);
+* ``timeline``: what was remembered within a time window, oldest first: the
+  time in words (``expr``: "last week", as ``GET /v1/timeline?expr=``) or
+  bounds (``since``/``until``), read in the household's time zone
+  (``household.timezone``);
 * ``status``: the runtime's health and counts (as ``reverie status``).
 
 Each result is a short text for the model plus the same answer as structured
@@ -111,13 +113,20 @@ class ForgetArgs(_Args):
 
 
 class TimelineArgs(_Args):
-    since: str = Field(min_length=1, max_length=64,
-                       description="Start of the window: an ISO-8601 date (2024-05-03) or "
-                                   "date-time (2024-05-03T18:30), or 'today', 'yesterday', "
-                                   "'now'.")
-    until: str = Field(default="now", min_length=1, max_length=64,
-                       description="End of the window, in the same forms; a date includes "
-                                   "that whole day.")
+    expr: str | None = Field(
+        default=None, min_length=1, max_length=200,
+        description="The time in words instead of since/until: 'yesterday', 'last week', "
+                    "'in May 2023', 'last summer', 'two weeks ago'. The memories dated in "
+                    "that time (a conversation summary by its conversation's date).")
+    since: str | None = Field(
+        default=None, min_length=1, max_length=64,
+        description="Start of the window (when expr is not given): an ISO-8601 date "
+                    "(2024-05-03) or date-time (2024-05-03T18:30), or 'today', "
+                    "'yesterday', 'now'.")
+    until: str | None = Field(
+        default=None, min_length=1, max_length=64,
+        description="End of the window, in the same forms (default: now); a date "
+                    "includes that whole day.")
     limit: int = Field(default=20, ge=1, le=100, description="At most this many memories.")
 
 
@@ -201,7 +210,8 @@ def _tool_specs(zone_name: str) -> list[ToolSpec]:
             "timeline", "Memories of a time window",
             "List what was remembered (facts, conversation lines and conversation summaries) "
             "within a time window, oldest first. Use it for questions about a period, such "
-            "as 'what did we talk about yesterday' or 'what happened last week'. Dates and "
+            "as 'what did we talk about yesterday' or 'what happened last week': pass the "
+            "time in words as expr, or exact bounds as since/until. Dates and "
             "times without an offset are read in the household's time zone "
             f"({zone_name}).",
             TimelineArgs, TimelineAnswer, read_only=True),
@@ -369,18 +379,38 @@ class Tools:
                                   writes=True, label=f"forget {ref}")
         return f"Forgot {ref}: {detail}.", ForgetAnswer(ref=ref, detail=detail)
 
-    async def _timeline(self, args: TimelineArgs) -> tuple[str, TimelineAnswer]:
+    def _window(self, args: TimelineArgs) -> tuple[float, float, bool]:
+        """``[since, until)`` of a timeline call, and whether memories are placed
+        by the time they tell of (``expr``, as ``GET /v1/timeline?expr=``) rather
+        than by when they were written."""
+        from runtime import timeline as timelines
+        from runtime.clock import SystemClock
+
+        if args.expr is not None:
+            if args.since is not None or args.until is not None:
+                raise ToolFailure("timeline: give either expr or since/until, not both")
+            try:
+                span = timelines.span_of(args.expr, SystemClock(), self.zone)
+            except ValueError as exc:
+                raise ToolFailure(f"timeline: expr: {exc}") from None
+            return span.start, span.end, True
+        if args.since is None:
+            raise ToolFailure("timeline: give expr (such as 'last week') or since")
         now = clock.time()
         try:
             since = parse_instant(args.since, self.zone, now=now)
-            until = parse_instant(args.until, self.zone, end=True, now=now)
+            until = parse_instant(args.until or "now", self.zone, end=True, now=now)
         except ValueError as exc:
             raise ToolFailure(f"timeline: {exc}") from None
         if until <= since:
             raise ToolFailure("timeline: until must come after since")
+        return since, until, False
+
+    async def _timeline(self, args: TimelineArgs) -> tuple[str, TimelineAnswer]:
+        since, until, dated = self._window(args)
         page = await self._call("timeline", lambda: self.backend.browse(BrowseMemories(
             since=since, until=until, oldest_first=True, include_disabled=False,
-            limit=args.limit)))
+            dated=dated, limit=args.limit)))
         items = page.items[:args.limit]
         memories = [TimelineMemory(ref=v.ref, kind=v.kind, text=v.text,
                                    when=_when(v.created_at, self.zone), channel=v.channel,

@@ -150,7 +150,8 @@ def test_lists_exactly_the_five_tools(api: Api, mode: str) -> None:
         assert tool.output_schema is not None and tool.output_schema["type"] == "object"
         assert tool.annotations is not None
     assert tools["recall"].input_schema["required"] == ["query"]
-    assert tools["timeline"].input_schema["required"] == ["since"]
+    assert "required" not in tools["timeline"].input_schema  # expr, or since (and until)
+    assert "expr" in tools["timeline"].input_schema["properties"]
     assert tools["forget"].annotations.destructive_hint is True
     assert tools["recall"].annotations.read_only_hint is True
     assert tools["remember"].annotations.read_only_hint is False
@@ -226,6 +227,11 @@ def test_timeline_finds_what_was_written_in_its_window(api: Api) -> None:
     # a window in the past holds nothing written now
     assert ref not in refs({"since": "2001-01-01", "until": "2001-01-02"})
     assert ref not in refs({"since": yesterday.isoformat(), "until": yesterday.isoformat()})
+    # the time in words, as GET /v1/timeline?expr=
+    assert ref in refs({"expr": "today"})
+    assert ref in refs({"expr": "this week"})
+    assert ref not in refs({"expr": "yesterday"})
+    assert ref not in refs({"expr": "May 2001"})
 
 
 @pytest.mark.parametrize("tool,arguments,says", [
@@ -238,6 +244,8 @@ def test_timeline_finds_what_was_written_in_its_window(api: Api) -> None:
     ("timeline", {"since": "last tuesday-ish"}, "ISO-8601"),
     ("timeline", {"since": "today", "until": "yesterday"}, "after since"),
     ("timeline", {}, "since"),
+    ("timeline", {"expr": "when the music died"}, "expr"),
+    ("timeline", {"expr": "today", "since": "today"}, "either expr"),
     ("no_such_tool", {}, "unknown tool"),
 ])
 def test_bad_arguments_are_a_tool_error(api: Api, tool: str, arguments: dict[str, Any],
