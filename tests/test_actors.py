@@ -276,6 +276,9 @@ def test_client_resolves_once_and_again_after_the_actor_is_gone(ray_instance: st
 
 
 def test_supervisor_reports_through_clients(runtime: Settings) -> None:
+    TranscriptClient(NS).append(AppendTurns(turns=[TurnIn(
+        channel="chat", source="user", content="a turn of its own to count",
+        request_id=f"status-{uuid.uuid4().hex}")]))
     status = gather_status(runtime)
     assert set(status.actors) == {"transcript", "recall", "episodes", "graph", "turns",
                                   "cron", "http"}
