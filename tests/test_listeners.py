@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from actors.node import HUB_SYSTEM_CONFIG, REPORTER_INTERVAL_MS
+from actors.node import HUB_DASHBOARD_ENV, HUB_SYSTEM_CONFIG, REPORTER_INTERVAL_MS
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
 
@@ -261,7 +261,7 @@ def test_embedded_runtime_listens_on_loopback_only(embedded_runtime: Started) ->
 def test_the_hub_node_runs_rays_chores_less_often(embedded_runtime: Started) -> None:
     """The node of ``reverie run`` got the hub's system config (the GCS's
     ``--config_list``, which the raylet and the workers take from the GCS), and
-    the dashboard agent the slower reporter period."""
+    the dashboard and its agent the slower periods of ``HUB_DASHBOARD_ENV``."""
     tree = process_tree(embedded_runtime.proc.pid)
     gcs = [_read(f"/proc/{pid}/cmdline").split("\0") for pid in tree
            if _read(f"/proc/{pid}/comm").strip() == "gcs_server"]
@@ -269,11 +269,15 @@ def test_the_hub_node_runs_rays_chores_less_often(embedded_runtime: Started) -> 
     [encoded] = [arg.split("=", 1)[1] for arg in gcs[0] if arg.startswith("--config_list=")]
     config = json.loads(base64.b64decode(encoded))
     assert {key: config.get(key) for key in HUB_SYSTEM_CONFIG} == HUB_SYSTEM_CONFIG
-    agents = [pid for pid in tree if "dashboard_agent" in _read(f"/proc/{pid}/cmdline")
-              or "DashboardAgent" in _read(f"/proc/{pid}/cmdline")]
-    assert agents, "no dashboard agent in the runtime's process tree"
-    environ = _read(f"/proc/{agents[0]}/environ").split("\0")
-    assert f"REPORTER_UPDATE_INTERVAL_MS={REPORTER_INTERVAL_MS}" in environ
+    # The agent is started by the raylet with the raylet's environment; it renames
+    # itself (setproctitle), which blanks its own /proc environ: read the raylet's.
+    raylets = [pid for pid in tree if _read(f"/proc/{pid}/comm").strip() == "raylet"]
+    heads = [pid for pid in tree if "dashboard/dashboard.py" in _read(f"/proc/{pid}/cmdline")]
+    assert raylets and heads, "no raylet or no dashboard in the runtime's process tree"
+    for pid in (raylets[0], heads[0]):  # each reads the names it knows at import
+        environ = set(_read(f"/proc/{pid}/environ").split("\0"))
+        assert f"REPORTER_UPDATE_INTERVAL_MS={REPORTER_INTERVAL_MS}" in environ
+        assert {f"{k}={v}" for k, v in HUB_DASHBOARD_ENV.items()} <= environ
 
 
 def test_runtime_json_names_its_own_loopback_node(embedded_runtime: Started) -> None:
