@@ -60,16 +60,18 @@ class RecallActor:
         self.store = open_store(settings)
         self.embedder = make_embedder(settings.embedder)
         self.embedder.embed(["warm up"])  # export/load the model now, not on first use
+        # questions asked again skip the model, and so does indexing a gist the
+        # near-duplicate check has just embedded (the jobs' Embed calls do not go here)
+        cached = QueryCache(self.embedder)
         index_dir = settings.store.resolved_dir / "index"
         self.index = VectorIndex(self.store, index_dir, self.embedder.name, self.embedder.dim)
-        self.indexer = Indexer(self.store, self.index, self.embedder,
+        self.indexer = Indexer(self.store, self.index, cached,
                                batch=settings.embedder.batch_size)
-        # questions asked again skip the model (the jobs' batches do not go here)
-        self.recaller = Recaller(self.store, self.index, QueryCache(self.embedder),
+        self.recaller = Recaller(self.store, self.index, cached,
                                  FactKinds.load(settings.memory.fact_kinds_file),
                                  settings.recall, self.store.clock,
                                  zone=household_zone(settings.household.timezone))
-        self.duplicates = IndexFinder(self.store, self.index, self.embedder)
+        self.duplicates = IndexFinder(self.store, self.index, cached)
         self.indexer.drop_stale_models()
         self._unsaved = self.indexer.sync()  # catch up with rows written while down
 

@@ -80,8 +80,11 @@ class Embedder(Protocol):
 
 class QueryCache:
     """An :class:`Embedder` that keeps the vectors of the last ``size`` texts
-    embedded one at a time: a question asked again (households repeat theirs)
-    skips the model. Batches go straight through and are not kept. Not
+    embedded one at a time, and looks every text of a batch up among them: a
+    question asked again (households repeat theirs) skips the model, and so
+    does indexing a memory whose text the near-duplicate check embedded a
+    moment before (an episode's gist: ``runtime.duplicates``). Batches are
+    looked up but not kept (indexing would push the questions out). Not
     thread-safe: one caller thread (the Recall actor runs one call at a time)."""
 
     def __init__(self, inner: Embedder, size: int = 256) -> None:
@@ -93,20 +96,27 @@ class QueryCache:
         self._kept: OrderedDict[str, Vectors] = OrderedDict()
 
     def embed(self, texts: Sequence[str]) -> Vectors:
-        if len(texts) != 1 or self.size <= 0:
+        if self.size <= 0 or not texts:
             return self.inner.embed(texts)
-        text = texts[0]
-        vec = self._kept.get(text)
-        if vec is not None:
-            self._kept.move_to_end(text)
-            self.hits += 1
-            return vec.copy()
-        vec = self.inner.embed([text])
-        vec.setflags(write=False)
-        self._kept[text] = vec
-        if len(self._kept) > self.size:
-            self._kept.popitem(last=False)
-        return vec.copy()
+        found = [self._kept.get(text) for text in texts]
+        missing = [i for i, vec in enumerate(found) if vec is None]
+        self.hits += len(texts) - len(missing)
+        if len(texts) == 1:
+            if missing:
+                vec = self.inner.embed(texts)[0]
+                vec.setflags(write=False)
+                self._kept[texts[0]] = vec
+                if len(self._kept) > self.size:
+                    self._kept.popitem(last=False)
+                return vec[None, :].copy()
+            self._kept.move_to_end(texts[0])
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        if missing:
+            out[missing] = self.inner.embed([texts[i] for i in missing])
+        for i, vec in enumerate(found):
+            if vec is not None:
+                out[i] = vec
+        return out
 
 
 def default_cache_dir() -> Path:
