@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -312,18 +312,25 @@ class Recaller:
             cites.setdefault(episode_id, []).append(turn_id)
         return cites
 
-    def _vectors(self, keys: list[Key]) -> dict[Key, np.ndarray]:
-        out: dict[Key, np.ndarray] = {}
-        for kind in KINDS:
-            ids = [i for k, i in keys if k == kind]
-            if not ids:
-                continue
-            marks = ",".join("?" for _ in ids)
-            for item_id, blob in self.store.conn.execute(
-                f"SELECT item_id, vec FROM vectors WHERE kind = ? AND item_id IN ({marks})",
-                [kind, *ids],
-            ):
-                out[(kind, item_id)] = np.frombuffer(blob, dtype=np.float32)
+    def _similarities(self, keys: Iterable[Key], qvec: np.ndarray) -> dict[Key, float]:
+        """Cosine to the query of each stored vector among ``keys`` (vectors are
+        L2-normalised): one read per kind and one matrix product, not a dot per row."""
+        out: dict[Key, float] = {}
+        by_kind: dict[str, list[int]] = {}
+        for kind, item_id in keys:
+            by_kind.setdefault(kind, []).append(item_id)
+        for kind, ids in by_kind.items():
+            for start in range(0, len(ids), ID_CHUNK):  # within SQLite's parameter limit
+                chunk = ids[start:start + ID_CHUNK]
+                rows = cast(list[tuple[int, bytes]], self.store.conn.execute(
+                    f"SELECT item_id, vec FROM vectors WHERE kind = ?"
+                    f" AND item_id IN ({','.join('?' * len(chunk))})", [kind, *chunk]).fetchall())
+                if not rows:
+                    continue
+                mat = np.frombuffer(b"".join(blob for _, blob in rows), dtype=np.float32)
+                sims = mat.reshape(len(rows), -1) @ qvec
+                out.update(((kind, item_id), float(sim))
+                           for (item_id, _), sim in zip(rows, sims))
         return out
 
     def _neighbour_cosines(self, cands: dict[Key, _Candidate], qvec: np.ndarray) -> None:
@@ -332,27 +339,36 @@ class Recaller:
         if not turn_rows or NEIGHBOUR_SHARE <= 0 or self.settings.context_turns <= 0:
             return
         span = self.settings.context_turns
-        # the rows around every candidate in one query by rowid (cheap), then the
+        reach = span * 4  # rows looked at on each side for same-channel neighbours
+        # the rows around every candidate by rowid ranges, merged (cheap), then the
         # channel check in Python: asking SQLite for "channel = ? AND id BETWEEN"
         # walks the channel index instead
-        around = sorted({i for row in turn_rows
-                         for i in range(row["id"] - span * 4, row["id"] + span * 4 + 1)})
+        ranges: list[list[int]] = []
+        for turn_id in sorted(row["id"] for row in turn_rows):
+            if ranges and turn_id - reach <= ranges[-1][1] + 1:
+                ranges[-1][1] = turn_id + reach
+            else:
+                ranges.append([turn_id - reach, turn_id + reach])
         channel_of: dict[int, str] = {}
-        for start in range(0, len(around), ID_CHUNK):  # within SQLite's parameter limit
-            chunk = around[start:start + ID_CHUNK]
+        for start in range(0, len(ranges), ID_CHUNK // 2):  # two parameters a range
+            chunk = ranges[start:start + ID_CHUNK // 2]
             channel_of.update(self.store.conn.execute(
-                f"SELECT id, channel FROM transcript WHERE id IN ({','.join('?' * len(chunk))})",
-                chunk))
+                "SELECT id, channel FROM transcript WHERE "
+                + " OR ".join("id BETWEEN ? AND ?" for _ in chunk),
+                [bound for pair in chunk for bound in pair]))
         neighbour_ids: dict[int, list[int]] = {}
         for row in turn_rows:
-            ids = [i for i in range(row["id"] - span * 4, row["id"] + span * 4 + 1)
-                   if i != row["id"] and channel_of.get(i) == row["channel"]]
-            before = [i for i in ids if i < row["id"]][-span:]
-            after = [i for i in ids if i > row["id"]][:span]
-            neighbour_ids[row["id"]] = before + after
-        wanted = sorted({i for ids in neighbour_ids.values() for i in ids})
-        vecs = self._vectors([("turn", i) for i in wanted])
-        sims = {key[1]: float(v @ qvec) for key, v in vecs.items()}
+            me, channel = row["id"], row["channel"]
+            before = [i for i in range(me - 1, me - reach - 1, -1)
+                      if channel_of.get(i) == channel][:span]
+            after = [i for i in range(me + 1, me + reach + 1)
+                     if channel_of.get(i) == channel][:span]
+            neighbour_ids[me] = before + after
+        # a neighbour that is itself a candidate has its similarity already
+        sims = {row["id"]: cands[("turn", row["id"])].cosine for row in turn_rows}
+        sims.update((key[1], sim) for key, sim in self._similarities(
+            {("turn", i) for ids in neighbour_ids.values() for i in ids if i not in sims},
+            qvec).items())
         for row in turn_rows:
             near = [sims[i] for i in neighbour_ids[row["id"]] if i in sims]
             if near:
@@ -368,8 +384,7 @@ class Recaller:
             dense.update(temporal_recall.pull_in(self.store, when, qvec, dense.keys() | lexical))
         cands = self._load(set(dense) | set(lexical), now)
         missing = [k for k in cands if k not in dense]
-        for key, vec in self._vectors(missing).items():
-            dense[key] = float(vec @ qvec)
+        dense.update(self._similarities(missing, qvec))
         gate = self.settings.min_cosine
         named = set(query_terms(query))
         kept: dict[Key, _Candidate] = {}
@@ -398,8 +413,8 @@ class Recaller:
                          for t in c.turns})
         if not wanted:
             return
-        sims = {key[1]: float(v @ qvec)
-                for key, v in self._vectors([("turn", t) for t in wanted]).items()}
+        sims = {key[1]: sim for key, sim in
+                self._similarities([("turn", t) for t in wanted], qvec).items()}
         for cand in cands.values():
             if cand.kind != "turn" and len(cand.turns) > 1:
                 cand.turns = tuple(sorted(cand.turns, key=lambda t: -sims.get(t, -2.0)))
