@@ -135,6 +135,17 @@ class RecallSettings(_Section):
     weight_thread: float = Field(default=0.10, ge=0.0, le=1.0)
     weight_mood: float = Field(default=0.05, ge=0.0, le=1.0)
     context_turns: int = Field(default=2, ge=0, le=5)
+    # share of the best neighbouring turn's keyword score (above its own) a turn
+    # borrows, within context_turns (runtime.recall; 0: none). This and the next
+    # three: chosen leave-one-conversation-out on LoCoMo (docs/benchmarks.md)
+    neighbour_keywords: float = Field(default=0.3, ge=0.0, le=2.0)
+    # added to a turn's relevance when the query names its speaker
+    speaker_bonus: float = Field(default=0.1, ge=0.0, le=1.0)
+    # multiplies temporal recall's bonuses (runtime.temporal_recall.bonus)
+    weight_temporal: float = Field(default=2.0, ge=0.0, le=5.0)
+    # pseudo-relevance feedback: weight of a second keyword search for the words
+    # the best keyword hits share (runtime.recall; 0: none)
+    keyword_feedback: float = Field(default=0.3, ge=0.0, le=1.0)
     fallback_items: int = Field(default=20, ge=1, le=200)
     # at most this many seared memories in one recall (clanka: "a couple")
     max_seared: int = Field(default=2, ge=0, le=20)

@@ -1,9 +1,11 @@
 """Hybrid recall: vector neighbours beside FTS5 keywords, reranked.
 
 Candidates come from the hnswlib indexes (per memory kind) and from FTS5 over
-the transcript, episodes and facts. Each candidate's relevance blends its
-cosine similarity to the query with its normalised keyword score; a turn also
-borrows part of its neighbours' relevance (conversation context). A candidate
+the transcript, episodes and facts (plus, with ``recall.keyword_feedback``, a
+second FTS5 search for the words the best keyword hits share). Each
+candidate's relevance blends its cosine similarity to the query with its
+normalised keyword score; a turn also borrows part of its neighbours'
+similarity and keyword score (conversation context). A candidate
 must clear an absolute relevance gate, then the final score (relevance,
 recency/decay weight, salience; for episodes, an open thread's bonus and the
 mood's congruence bonus) must reach a fraction of the best one: weak
@@ -65,8 +67,12 @@ NEIGHBOUR_SHARE = 0.5
 LEXICAL_WEIGHT = 0.5
 # Keyword hits ranked per memory kind before muted/dead rows are dropped.
 LEXICAL_OVERFETCH = 3
-# Added to a turn's relevance when the query names its speaker.
-SPEAKER_BONUS = 0.1
+# Pseudo-relevance feedback (recall.keyword_feedback): the words shared by the
+# best keyword hits among the turns (at most this many turns and this many
+# words) are searched for, and at most this many turns are kept of what they find.
+FEEDBACK_TURNS = 3
+FEEDBACK_TERMS = 8
+FEEDBACK_HITS = 15
 # Turns an episode or a fact contributes, best first, before the next items'
 # (RecallResult.cited_turns); the rest follow after every item's first ones.
 TURNS_PER_ITEM_FIRST = 3
@@ -254,7 +260,45 @@ class Recaller:
             best = max(score for _, score in hits) or 1.0
             for rowid, score in hits:
                 found[(kind, int(rowid))] = max(0.0, float(score) / best)
+        if self.settings.keyword_feedback > 0:
+            self._feedback(query, found)
         return found
+
+    def _feedback(self, query: str, found: dict[Key, float]) -> None:
+        """Pseudo-relevance feedback: the words the best keyword hits among the
+        turns share, beyond the query's own, are searched for too; a turn they
+        find scores ``recall.keyword_feedback`` times that search's normalised
+        bm25, unless its own score is higher. ``found`` is updated in place."""
+        top = sorted((-score, item_id) for (kind, item_id), score in found.items()
+                     if kind == "turn")[:FEEDBACK_TURNS]
+        if not top:
+            return
+        ids = [item_id for _, item_id in top]
+        content = dict(self.store.conn.execute(
+            f"SELECT id, content FROM transcript WHERE id IN ({','.join('?' * len(ids))})", ids))
+        asked = set(query_terms(query))
+        counts: dict[str, int] = {}
+        for item_id in ids:  # best hit first, so ties keep its words first
+            for term in query_terms(str(content.get(item_id, ""))):
+                if term not in asked:
+                    counts[term] = counts.get(term, 0) + 1
+        terms = sorted(counts, key=lambda t: -counts[t])[:FEEDBACK_TERMS]
+        expr = match_expression(" ".join(terms))
+        if expr is None:
+            return
+        hits = list(self.store.conn.execute(
+            "SELECT f.rowid, f.score FROM (SELECT rowid, -bm25(transcript_fts) AS score"
+            " FROM transcript_fts WHERE transcript_fts MATCH ? ORDER BY bm25(transcript_fts)"
+            f" LIMIT ?) f JOIN transcript ON transcript.id = f.rowid WHERE {_RECALLABLE['turn']}"
+            " ORDER BY f.score DESC LIMIT ?",
+            (expr, FEEDBACK_HITS * LEXICAL_OVERFETCH, FEEDBACK_HITS)))
+        if not hits:
+            return
+        best = max(score for _, score in hits) or 1.0
+        share = self.settings.keyword_feedback
+        for rowid, score in hits:
+            key = ("turn", int(rowid))
+            found[key] = max(found.get(key, 0.0), share * max(0.0, float(score) / best))
 
     def _load(self, keys: Iterable[Key], now: float) -> dict[Key, _Candidate]:
         by_kind: dict[str, list[int]] = {}
@@ -333,8 +377,12 @@ class Recaller:
                            for (item_id, _), sim in zip(rows, sims))
         return out
 
-    def _neighbour_cosines(self, cands: dict[Key, _Candidate], qvec: np.ndarray) -> None:
-        """Let each turn borrow part of its best neighbour's similarity."""
+    def _neighbour_cosines(self, cands: dict[Key, _Candidate], qvec: np.ndarray,
+                           lexical: dict[Key, float] | None = None) -> None:
+        """Let each turn borrow part of its best neighbour's similarity, and
+        (``recall.neighbour_keywords``) part of its best neighbour's keyword score
+        above its own: the words of a question often sit in the turn before its
+        answer. ``lexical``: the keyword stage's scores, candidates or not."""
         turn_rows = [c.row for c in cands.values() if c.kind == "turn"]
         if not turn_rows or NEIGHBOUR_SHARE <= 0 or self.settings.context_turns <= 0:
             return
@@ -374,6 +422,13 @@ class Recaller:
             if near:
                 cand = cands[("turn", row["id"])]
                 cand.relevance += NEIGHBOUR_SHARE * max(0.0, max(near) - cand.cosine)
+        share = self.settings.neighbour_keywords
+        if share > 0 and lexical:
+            for row in turn_rows:
+                words = max((lexical.get(("turn", i), 0.0) for i in neighbour_ids[row["id"]]),
+                            default=0.0)
+                cand = cands[("turn", row["id"])]
+                cand.relevance += share * max(0.0, words - cand.lexical)
 
     def _hybrid(self, query: str, qvec: np.ndarray, now: float,
                 lexical: dict[Key, float]) -> list[_Candidate]:
@@ -397,11 +452,12 @@ class Recaller:
             cand.relevance = cand.cosine + LEXICAL_WEIGHT * cand.lexical
             speaker = cand.row.get("speaker") if cand.kind == "turn" else None
             if speaker and named.intersection(query_terms(speaker)):
-                cand.relevance += SPEAKER_BONUS
+                cand.relevance += self.settings.speaker_bonus
             if when is not None:
-                cand.relevance += temporal_recall.bonus(when, cand.kind, cand.row)
+                cand.relevance += (self.settings.weight_temporal
+                                   * temporal_recall.bonus(when, cand.kind, cand.row))
             kept[key] = cand
-        self._neighbour_cosines(kept, qvec)
+        self._neighbour_cosines(kept, qvec, lexical)
         self._order_cited_turns(kept, qvec)
         return list(kept.values())
 

@@ -25,7 +25,9 @@ Recall then (:mod:`runtime.recall`, through :func:`pull_in` and :func:`bonus`):
 
 The weights were set on the LoCoMo dev split (docs/benchmarks.md, "Temporal
 recall"): span bonuses of 0.3 and 0.5 gave the same figures, 0.15 fewer; the
-"when" bonus moves about one question either way. Leaving the named time's
+"when" bonus moves about one question either way. Recall multiplies whatever
+:func:`bonus` gives by ``recall.weight_temporal`` (2.0, chosen
+leave-one-conversation-out: "LoCoMo quality (issue 13)"). Leaving the named time's
 words out of the keyword query was tried and lost a few questions, so the
 query goes to the keyword stage whole.
 """

@@ -688,3 +688,83 @@ def test_a_turn_borrows_from_its_neighbours_on_its_own_channel_only(memory: Memo
     # office's turn follows the garage's beagle turn but has no turn of its own
     assert with_neighbours["kitchen"] > alone["kitchen"] + 0.05
     assert with_neighbours["office"] == pytest.approx(alone["office"])
+
+
+def _relevance_by_ref(memory: Memory, query: str, **recall: object) -> dict[str, float]:
+    memory.recaller.settings = memory.recaller.settings.model_copy(update=recall)
+    return {item.ref: item.relevance for item in memory.recall(query).items}
+
+
+def test_a_turn_borrows_its_neighbours_keywords_on_its_own_channel_only(
+        memory: Memory, clock: ManualClock) -> None:
+    """The words of a question sit in the turn before its answer: with
+    ``recall.neighbour_keywords`` the answer borrows that share of its
+    neighbour's keyword score above its own; the same answer on a channel whose
+    turn before it is unrelated borrows nothing."""
+    rows: dict[str, int] = {}
+    for name, channel, text in [  # the hall's answer follows the kitchen's question
+        ("other", "hall", "The bus was late again this morning."),
+        ("asked", "kitchen", "Did you finish the pottery course at the community centre?"),
+        ("answer_alone", "hall", "Yes, and I made a lopsided vase for my mother."),
+        ("answer", "kitchen", "Yes, and I made a lopsided vase for my mother."),
+    ]:
+        clock.advance(60)
+        rows[name] = memory.add_turn(TurnIn(channel=channel, source="user", role="user",
+                                            content=text))
+    query = "pottery course community centre vase"
+    plain = _relevance_by_ref(memory, query, neighbour_keywords=0.0)
+    borrowed = _relevance_by_ref(memory, query, neighbour_keywords=0.5)
+    answer, alone = f"turn:{rows['answer']}", f"turn:{rows['answer_alone']}"
+    assert borrowed[answer] > plain[answer] + 0.1  # the kitchen question's words
+    assert borrowed[alone] == pytest.approx(plain[alone])  # its own channel's turn has none
+    # with no neighbours to look at (context_turns 0) nothing is borrowed
+    assert _relevance_by_ref(memory, query, neighbour_keywords=0.5,
+                             context_turns=0)[answer] < borrowed[answer]
+
+
+def test_speaker_bonus_is_the_setting(memory: Memory, clock: ManualClock) -> None:
+    """A turn whose speaker the query names gains exactly ``recall.speaker_bonus``."""
+    said = memory.add_turn(TurnIn(channel="chat", source="user", speaker="Caroline",
+                                  content="I started volunteering at the animal shelter."))
+    query = "Where does Caroline volunteer?"
+    low = _relevance_by_ref(memory, query, speaker_bonus=0.0)[f"turn:{said}"]
+    high = _relevance_by_ref(memory, query, speaker_bonus=0.3)[f"turn:{said}"]
+    assert high - low == pytest.approx(0.3, abs=1e-5)
+
+
+def test_weight_temporal_scales_the_time_bonus(memory: Memory, clock: ManualClock) -> None:
+    """A turn said in the span the query names gains temporal recall's bonus
+    times ``recall.weight_temporal``: 0 takes the bonus away, 2 doubles it."""
+    said = memory.add_turn(turn("We went camping by the lake with the kids."))
+    clock.advance(7 * DAY)
+    query = "What did we do at the lake last week?"
+    by_weight = {w: _relevance_by_ref(memory, query, weight_temporal=w)[f"turn:{said}"]
+                 for w in (0.0, 1.0, 2.0)}
+    bonus = by_weight[1.0] - by_weight[0.0]
+    assert bonus > 0.1
+    assert by_weight[2.0] - by_weight[1.0] == pytest.approx(bonus, abs=1e-5)
+
+
+def test_keyword_feedback_finds_the_words_the_best_hits_share(memory: Memory,
+                                                              clock: ManualClock) -> None:
+    """``recall.keyword_feedback``: the best keyword hits for "Rex" share
+    "beagle" and "shelter", so a turn with those words but not the name gains a
+    keyword score of at most that share; without feedback it has none."""
+    seed_household(memory, clock)  # other words, so that the shared ones are rare
+    rows = []
+    for channel, text in [("a", "Rex the beagle came home from the shelter today."),
+                          ("b", "Rex the beagle loves the shelter volunteers."),
+                          ("c", "The beagle from the shelter chewed my slippers."),
+                          ("d", "The boiler was serviced last week by a plumber.")]:
+        clock.advance(60)
+        rows.append(memory.add_turn(turn(text, channel=channel)))
+    query = "How is Rex doing?"
+    memory.recaller.settings = memory.recaller.settings.model_copy(  # every candidate
+        update={"min_cosine": -1.0, "relative_floor": 0.0})
+    plain = _relevance_by_ref(memory, query, keyword_feedback=0.0)
+    fed = _relevance_by_ref(memory, query, keyword_feedback=0.5)
+    slippers, boiler = f"turn:{rows[2]}", f"turn:{rows[3]}"
+    assert 0.02 < fed[slippers] - plain[slippers] <= 0.5 * 0.5 + 1e-6  # LEXICAL_WEIGHT * share
+    assert fed.get(boiler) == plain.get(boiler)  # shares none of the words
+    for named in rows[:2]:  # the name's own hits keep their own, higher score
+        assert fed[f"turn:{named}"] == pytest.approx(plain[f"turn:{named}"])

@@ -4,7 +4,8 @@
 Usage:
     tools/bench/locomo_recall.py DATA.json [--conversations conv-26,conv-30] [--json OUT.json]
                                  [--subconscious] [--no-temporal] [--loo]
-                                 [--grid-axes JSON] [--turn-text plain|dated|bracketed|suffixed]
+                                 [--grid-axes JSON] [--loo-metric turn_any@10|turn_all@10]
+                                 [--turn-text plain|dated|bracketed|suffixed]
 
 Each conversation is ingested into a fresh store through the public runtime
 API (:class:`runtime.memory.Memory`, turn times from the session dates). Each
@@ -32,19 +33,23 @@ configured settings always among them, as grid point 0; ``--grid-axes`` gives
 another) re-runs only the questions, through a :class:`Recaller` built on
 the same store with the changed settings (the question embeddings are cached across grid points, so
 the grid's latencies leave the query embedding out). For each fold the point
-with the best turn_any@10 over the pooled questions of the other conversations
-is chosen (ties: the lower grid index, so the configured settings win a tie)
+with the best turn_any@10 (``--loo-metric turn_all@10``: turn_all@10) over the
+pooled questions of the other conversations is chosen (ties: the lower grid
+index, so the configured settings win a tie)
 and measured on the held-out conversation; the held-out questions of the
 folds are pooled (micro average). The JSON gets a ``loo`` object: ``reverie``
 (the pooled held-out figures, ``by_category`` too), ``chosen`` (one dict per
-fold: ``held_out``, ``grid_index``, ``knobs``, ``train_turn_any@10``,
+fold: ``held_out``, ``grid_index``, ``knobs``, ``train_<metric>``,
 ``held_out_turn_any@10``), ``grid`` (the number of points), ``grid_axes``,
-``in_sample_best`` (the best point on all five, its knobs and figures),
+``in_sample_best`` (the best point on all five by the same metric, its knobs
+and figures),
 ``configured`` (grid point 0 on all five), ``in_sample_by_point``
 (turn_any@10 of every point on all five), ``fold_mean_turn_any@10`` (the
 unweighted mean over the folds), and ``metric``, ``pooling`` and
-``baselines`` as words. The baselines have no knobs: their leave-one-out
-figures equal their in-sample figures.
+``baselines`` as words; ``loo_other_metrics`` has, for each other
+``--loo-metric``, the same grid chosen on it (``reverie``, ``chosen``,
+``in_sample_best``, ``fold_mean_turn_any@10``). The baselines have no knobs:
+their leave-one-out figures equal their in-sample figures.
 
 ``--turn-text`` changes, in this process only, the text embedded for a turn
 (:func:`runtime.indexing.document`): ``plain`` is the runtime's own
@@ -120,6 +125,8 @@ GRID_AXES: dict[str, tuple[float | int, ...]] = {
     "candidates": (120, 200),
 }
 LOO_METRIC = "turn_any@10"
+# --loo-metric: what a fold's grid point is chosen on (the Scores field behind it)
+LOO_METRICS = {"turn_any@10": "any10", "turn_all@10": "all10"}
 # --turn-text: the text embedded for a turn, from its date and runtime's own text
 TURN_TEXTS: dict[str, str | None] = {
     "plain": None,
@@ -414,32 +421,35 @@ def _summary(by_cat: dict[int, Scores]) -> dict[str, Any]:
             "by_category": {str(c): by_cat[c].summary() for c in sorted(CATEGORIES)}}
 
 
-def _metric(by_cat: dict[int, Scores]) -> float:
-    values = [v for c in CATEGORIES for v in by_cat[c].any10]
+def _metric(by_cat: dict[int, Scores], metric: str = LOO_METRIC) -> float:
+    values = [v for c in CATEGORIES for v in getattr(by_cat[c], LOO_METRICS[metric])]
     return statistics.fmean(values) if values else 0.0
 
 
 def leave_one_out(grid: Sequence[dict[str, Any]],
-                  per_conv: dict[str, list[dict[int, Scores]]]) -> dict[str, Any]:
-    """Choose a grid point on all conversations but one (best pooled turn_any@10,
-    ties to the lower index), score it on that one; pool the held-out questions."""
+                  per_conv: dict[str, list[dict[int, Scores]]],
+                  metric: str = LOO_METRIC) -> dict[str, Any]:
+    """Choose a grid point on all conversations but one (best pooled ``metric``,
+    default turn_any@10, ties to the lower index), score it on that one; pool the
+    held-out questions. The per-fold and in-sample figures stay turn_any@10."""
     convs = list(per_conv)
     held_out: list[dict[int, Scores]] = []
     chosen: list[dict[str, Any]] = []
     fold_values: list[float] = []
     for out in convs:
         train = [c for c in convs if c != out]
-        values = [_metric(_pooled([per_conv[c][g] for c in train])) for g in range(len(grid))]
+        values = [_metric(_pooled([per_conv[c][g] for c in train]), metric)
+                  for g in range(len(grid))]
         best = max(range(len(grid)), key=lambda g: (values[g], -g))
         held_out.append(per_conv[out][best])
         fold_values.append(_metric(per_conv[out][best]))
         chosen.append({"held_out": out, "grid_index": best, "knobs": grid[best],
-                       "train_turn_any@10": round(values[best], 4),
+                       f"train_{metric}": round(values[best], 4),
                        "held_out_turn_any@10": round(fold_values[-1], 4)})
     everywhere = [_pooled([per_conv[c][g] for c in convs]) for g in range(len(grid))]
-    best_all = max(range(len(grid)), key=lambda g: (_metric(everywhere[g]), -g))
+    best_all = max(range(len(grid)), key=lambda g: (_metric(everywhere[g], metric), -g))
     return {
-        "metric": LOO_METRIC,
+        "metric": metric,
         "pooling": "questions of the held-out folds pooled (micro average)",
         "reverie": _summary(_pooled(held_out)),
         "chosen": chosen,
@@ -460,7 +470,8 @@ def print_loo(loo: dict[str, Any], header: list[str]) -> None:
           f"{loo['metric']}, {loo['pooling']}; baselines: {loo['baselines']}")
     for fold in loo["chosen"]:
         print(f"  held out {fold['held_out']}: grid {fold['grid_index']} {fold['knobs']} "
-              f"train {fold['train_turn_any@10']} held-out {fold['held_out_turn_any@10']}")
+              f"train {fold['train_' + loo['metric']]} "
+              f"held-out {fold['held_out_turn_any@10']}")
     print(" | ".join(header))
     for label, row in (("reverie configured", loo["configured"]),
                        ("reverie in-sample best", loo["in_sample_best"]),
@@ -489,6 +500,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grid-axes", type=json.loads,
                         help="with --loo: JSON {RecallSettings field: [alternative values]}"
                              " instead of GRID_AXES")
+    parser.add_argument("--loo-metric", choices=tuple(LOO_METRICS), default=LOO_METRIC,
+                        help="with --loo: what each fold's grid point is chosen on")
     parser.add_argument("--turn-text", choices=tuple(TURN_TEXTS), default="plain",
                         help="text embedded for a turn (bench-only; default: the runtime's)")
     args = parser.parse_args(argv)
@@ -537,7 +550,12 @@ def main(argv: list[str] | None = None) -> int:
     report["temporal"] = not args.no_temporal
     report["turn_text"] = args.turn_text
     if args.loo:
-        report["loo"] = leave_one_out(grid, per_conv)
+        report["loo"] = leave_one_out(grid, per_conv, args.loo_metric)
+        # the same grid chosen on the other metrics: only the choice differs
+        report["loo_other_metrics"] = {
+            m: {k: v for k, v in leave_one_out(grid, per_conv, m).items()
+                if k in ("reverie", "chosen", "in_sample_best", "fold_mean_turn_any@10")}
+            for m in LOO_METRICS if m != args.loo_metric}
         report["loo"]["grid_axes"] = {name: sorted({p[name] for p in grid}) for name in grid[0]}
     header = ["retriever", "turn_any@5", "turn_any@10", "turn_all@10", "sess_all@10", "n",
               "p50_ms", "p99_ms"]
@@ -549,6 +567,14 @@ def main(argv: list[str] | None = None) -> int:
             print(" | ".join([f"  cat {c}", *(str(cat[h]) for h in header[1:])]))
     if args.loo:
         print_loo(report["loo"], header)
+        for m, other in report["loo_other_metrics"].items():
+            print(f"chosen on {m} instead: "
+                  + ", ".join(f"{f['held_out']} {f['knobs']}" for f in other["chosen"]))
+            row = other["reverie"]
+            print(" | ".join([f"reverie LOO ({m})", *(str(row[h]) for h in header[1:])]))
+            for c in sorted(CATEGORIES):
+                cat = row["by_category"][str(c)]
+                print(" | ".join([f"  cat {c}", *(str(cat[h]) for h in header[1:])]))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2) + "\n")
     r = report["reverie"]
