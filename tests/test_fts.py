@@ -1,10 +1,12 @@
 
+from pathlib import Path
+
 import apsw
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.fts import MAX_TERMS, match_expression, query_terms
+from runtime.fts import MAX_TERMS, TermCounts, match_expression, query_terms
 
 ROWS = {
     1: ("hello there secret", "Ana"),
@@ -87,3 +89,35 @@ def test_any_text_is_a_valid_query_for_its_own_words(text: str) -> None:
     assert 0 not in found
     ascii_rows = {i for i, term in enumerate(terms, start=1) if term.isascii()}
     assert ascii_rows <= found
+
+
+def test_term_counts_are_stemmed_like_the_table_and_kept_for_their_ttl(
+        tmp_path: Path) -> None:
+    """The store's FTS5 tables (runtime.migrations) stem their words, so the count
+    of "recipes" is that of "recipe"; a count is kept ``ttl_s``, then read again."""
+    from runtime.clock import ManualClock
+    from runtime.config import CONFIG_DIR
+    from runtime.fact_kinds import FactKinds
+    from runtime.store import Store
+
+    store = Store(tmp_path / "r.db", FactKinds.load(CONFIG_DIR / "fact_kinds.toml"),
+                  clock=ManualClock(1_000.0))
+    texts = ["Grandma's curry recipe", "the recipes book", "a new recipe", "nothing here"]
+    with store.write_transaction():
+        for text in texts:
+            store.insert("test", "transcript", {"channel": "chat", "role": "user",
+                                                "source": "user", "content": text,
+                                                "created_at": 1_000.0})
+    now = [0.0]
+    counts = TermCounts(store.conn, "transcript_fts", "transcript", ttl_s=60,
+                        clock=lambda: now[0])
+    assert counts.rows() == 4
+    assert counts.docs(["recipes", "curry", "unheard", "the"]) == {
+        "recipes": 3, "curry": 1, "unheard": 0, "the": 1}
+    with store.write_transaction():
+        store.insert("test", "transcript", {"channel": "chat", "role": "user",
+                                            "source": "user", "content": "curry again",
+                                            "created_at": 1_000.0})
+    assert counts.docs(["curry"]) == {"curry": 1} and counts.rows() == 4  # kept
+    now[0] = 61.0
+    assert counts.docs(["curry"]) == {"curry": 2} and counts.rows() == 5  # read again
