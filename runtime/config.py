@@ -146,6 +146,11 @@ class RecallSettings(_Section):
     # pseudo-relevance feedback: weight of a second keyword search for the words
     # the best keyword hits share (runtime.recall; 0: none)
     keyword_feedback: float = Field(default=0.3, ge=0.0, le=1.0)
+    # multiply an episode's / a fact's final score (a turn's stays as it is), so
+    # that the layers take part in recall with their own weights (issue 7; both
+    # chosen leave-one-conversation-out on LoCoMo with --subconscious)
+    weight_episodes: float = Field(default=0.6, ge=0.0, le=2.0)
+    weight_facts: float = Field(default=0.6, ge=0.0, le=2.0)
     fallback_items: int = Field(default=20, ge=1, le=200)
     # at most this many seared memories in one recall (clanka: "a couple")
     max_seared: int = Field(default=2, ge=0, le=20)

@@ -768,3 +768,81 @@ def test_keyword_feedback_finds_the_words_the_best_hits_share(memory: Memory,
     assert fed.get(boiler) == plain.get(boiler)  # shares none of the words
     for named in rows[:2]:  # the name's own hits keep their own, higher score
         assert fed[f"turn:{named}"] == pytest.approx(plain[f"turn:{named}"])
+
+
+def test_keyword_feedback_leaves_out_a_word_in_too_many_turns(memory: Memory,
+                                                              clock: ManualClock) -> None:
+    """On a store big enough, a word the best hits share but that is found in
+    more than ``FEEDBACK_MAX_SHARE`` of the turns (and more than
+    ``FEEDBACK_MIN_TURNS``) is not searched for: a turn that shares only that
+    word with them gains nothing, one that shares a rarer word does."""
+    from runtime.recall import FEEDBACK_MAX_SHARE, FEEDBACK_MIN_TURNS
+
+    common = FEEDBACK_MIN_TURNS + 10
+    assert common > FEEDBACK_MAX_SHARE * (3 * common + 4)  # "garden" is common here
+    # long, so that bm25 ranks the short "garden path" turn first among them;
+    # and a word in under half the turns, so that bm25 still gives it weight
+    memory.add_turns([turn(f"The garden needs a great deal of work before the spring "
+                           f"comes round, said neighbour number {i} at length.",
+                           channel=f"g{i % 5}") for i in range(common)])
+    memory.add_turns([turn(f"Bin day moved to Thursday for street number {i}.",
+                           channel=f"s{i % 5}") for i in range(2 * common)])
+    rows = []
+    for channel, text in [("a", "Rex the beagle dug up the garden again."),
+                          ("b", "Rex the beagle hid in the garden shed."),
+                          ("c", "A beagle puppy barked all night."),
+                          ("d", "Weeds took over the garden path.")]:
+        clock.advance(60)
+        rows.append(memory.add_turn(turn(text, channel=channel)))
+    memory.recaller.settings = memory.recaller.settings.model_copy(  # every candidate
+        update={"min_cosine": -1.0, "relative_floor": 0.0, "max_items": 200,
+                "max_tokens": 100_000, "neighbour_keywords": 0.0})
+    plain = _relevance_by_ref(memory, "How is Rex doing?", keyword_feedback=0.0)
+    fed = _relevance_by_ref(memory, "How is Rex doing?", keyword_feedback=0.5)
+    puppy, path = f"turn:{rows[2]}", f"turn:{rows[3]}"
+    assert fed[puppy] - plain[puppy] > 0.02  # "beagle": rare enough
+    assert fed.get(path) == plain.get(path)  # "garden" only: in too many turns
+
+
+def _ranked(memory: Memory, query: str, **recall: object) -> tuple[list[str], dict[str, float]]:
+    memory.recaller.settings = memory.recaller.settings.model_copy(update=recall)
+    items = memory.recall(query).items
+    return [item.ref for item in items], {item.ref: item.score for item in items}
+
+
+def test_weight_episodes_moves_an_episode_against_the_turns(memory: Memory,
+                                                            clock: ManualClock) -> None:
+    """``recall.weight_episodes`` multiplies an episode's score and nothing else's:
+    the beach episode sits between its two turns at 1.0, falls below both at 0.5
+    and rises above both at 1.2; ``recall.weight_facts`` does not move it."""
+    seed_household(memory, clock)
+    ids = seed_beach_day(memory)
+    episode, castle, crab = f"episode:{ids['episode']}", f"turn:{ids['castle']}", \
+        f"turn:{ids['crab']}"
+    query = "what did we do at the beach?"
+    order, scores = _ranked(memory, query, weight_episodes=1.0, weight_facts=1.0)
+    assert order.index(castle) < order.index(episode) < order.index(crab), order
+    low_order, low = _ranked(memory, query, weight_episodes=0.5)
+    assert low_order.index(crab) < low_order.index(episode), low_order
+    assert low[episode] == pytest.approx(0.5 * scores[episode], abs=1e-5)
+    assert {low[castle], low[crab]} == {scores[castle], scores[crab]}  # turns keep 1.0
+    high_order, _ = _ranked(memory, query, weight_episodes=1.2)
+    assert high_order.index(episode) < high_order.index(castle), high_order
+    assert _ranked(memory, query, weight_episodes=1.0, weight_facts=0.5)[1] == scores
+
+
+def test_weight_facts_moves_a_fact_against_the_turns(memory: Memory, clock: ManualClock) -> None:
+    """``recall.weight_facts`` multiplies a fact's score and nothing else's: Leo's
+    breakfast fact ranks above the turn it comes from at 1.0 and below it at 0.5;
+    ``recall.weight_episodes`` does not move it."""
+    seed_household(memory, clock)
+    ids = seed_beach_day(memory)
+    fact, said = f"fact:{ids['fact']}", f"turn:{ids['pancakes']}"
+    query = "what does Leo like to eat in the morning?"
+    order, scores = _ranked(memory, query, weight_episodes=1.0, weight_facts=1.0)
+    assert order.index(fact) < order.index(said), order
+    low_order, low = _ranked(memory, query, weight_facts=0.5)
+    assert low_order.index(said) < low_order.index(fact), low_order
+    assert low[fact] == pytest.approx(0.5 * scores[fact], abs=1e-5)
+    assert low[said] == scores[said]  # turns keep 1.0
+    assert _ranked(memory, query, weight_facts=1.0, weight_episodes=0.5)[1] == scores

@@ -44,7 +44,8 @@ fold: ``held_out``, ``grid_index``, ``knobs``, ``train_<metric>``,
 ``in_sample_best`` (the best point on all five by the same metric, its knobs
 and figures),
 ``configured`` (grid point 0 on all five), ``in_sample_by_point``
-(turn_any@10 of every point on all five), ``fold_mean_turn_any@10`` (the
+(turn_any@10, turn_all@10, with_episode and with_fact of every point on all
+five), ``fold_mean_turn_any@10`` (the
 unweighted mean over the folds), and ``metric``, ``pooling`` and
 ``baselines`` as words; ``loo_other_metrics`` has, for each other
 ``--loo-metric``, the same grid chosen on it (``reverie``, ``chosen``,
@@ -64,6 +65,8 @@ Metrics per retriever (k counts cited turns):
     sess_all@10              every evidence session among the sessions of the first 10
     n                        questions scored
     p50_ms, p99_ms           retrieval latency per question (query embedding included)
+    with_episode, with_fact  reverie: questions with an episode / a fact among recall's
+                             items (0 for the baselines and without --subconscious)
     by_category              the same per LoCoMo category (1 multi-hop, 2 temporal,
                              3 open-domain, 4 single-hop)
 """
@@ -219,8 +222,16 @@ class Scores:
     all10: list[float] = field(default_factory=list)
     sess10: list[float] = field(default_factory=list)
     latency_ms: list[float] = field(default_factory=list)
+    # reverie only: 1 when an episode / a fact is among recall's items
+    episode: list[float] = field(default_factory=list)
+    fact: list[float] = field(default_factory=list)
 
-    def add(self, ranked: list[str], evidence: set[str], elapsed_ms: float) -> None:
+    def add(self, ranked: list[str], evidence: set[str], elapsed_ms: float,
+            kinds: set[str] | None = None) -> None:
+        """``kinds``: the kinds among recall's items (reverie; None for a baseline)."""
+        if kinds is not None:
+            self.episode.append(float("episode" in kinds))
+            self.fact.append(float("fact" in kinds))
         top5, top10 = set(ranked[:5]), set(ranked[:DEPTH])
         self.any5.append(float(bool(evidence & top5)))
         self.any10.append(float(bool(evidence & top10)))
@@ -230,7 +241,7 @@ class Scores:
         self.latency_ms.append(elapsed_ms)
 
     def extend(self, other: Scores) -> None:
-        for name in ("any5", "any10", "all10", "sess10", "latency_ms"):
+        for name in ("any5", "any10", "all10", "sess10", "latency_ms", "episode", "fact"):
             getattr(self, name).extend(getattr(other, name))
 
     def summary(self) -> dict[str, float | int]:
@@ -244,6 +255,8 @@ class Scores:
             "n": len(self.any10),
             "p50_ms": round(float(np.percentile(lat, 50)), 2),
             "p99_ms": round(float(np.percentile(lat, 99)), 2),
+            "with_episode": int(sum(self.episode)),
+            "with_fact": int(sum(self.fact)),
         }
 
 
@@ -377,7 +390,8 @@ def run_conversation(conv: dict[str, Any], embedder: Embedder, workdir: Path,
     for category, question, evidence in questions:
         result = memory.recall(question, now=now)
         ranked = [id_to_dia[t] for t in result.cited_turns() if t in id_to_dia]
-        scores["reverie"][category].add(ranked, evidence, result.elapsed_ms)
+        scores["reverie"][category].add(ranked, evidence, result.elapsed_ms,
+                                        {item.kind for item in result.items})
         for name, fn in plain.items():
             t1 = time.perf_counter()
             ids = fn(question)
@@ -396,7 +410,8 @@ def run_conversation(conv: dict[str, Any], embedder: Embedder, workdir: Path,
             for category, question, evidence in questions:
                 result = recaller.recall(question, now=now)
                 ranked = [id_to_dia[t] for t in result.cited_turns() if t in id_to_dia]
-                by_cat[category].add(ranked, evidence, result.elapsed_ms)
+                by_cat[category].add(ranked, evidence, result.elapsed_ms,
+                                     {item.kind for item in result.items})
             if grid_scores is not None:
                 grid_scores.append(by_cat)
         log.info("%s: %d grid points in %.1f s", conv["sample_id"], len(grid),
@@ -459,7 +474,9 @@ def leave_one_out(grid: Sequence[dict[str, Any]],
                            **_summary(everywhere[best_all])},
         "configured": {"grid_index": 0, "knobs": grid[0], **_summary(everywhere[0])},
         "in_sample_by_point": [
-            {"grid_index": g, "knobs": grid[g], "turn_any@10": round(_metric(everywhere[g]), 4)}
+            {"grid_index": g, "knobs": grid[g], "turn_any@10": round(_metric(everywhere[g]), 4),
+             **{k: v for k, v in _summary(everywhere[g]).items()
+                if k in ("turn_all@10", "with_episode", "with_fact")}}
             for g in range(len(grid))],
         "baselines": "no knobs: leave-one-out equals in-sample",
     }
@@ -580,7 +597,8 @@ def main(argv: list[str] | None = None) -> int:
     r = report["reverie"]
     print(f"reverie: turn_any@10={r['turn_any@10']} turn_any@5={r['turn_any@5']} "
           f"turn_all@10={r['turn_all@10']} sess_all@10={r['sess_all@10']} n={r['n']} "
-          f"p50={r['p50_ms']}ms p99={r['p99_ms']}ms")
+          f"p50={r['p50_ms']}ms p99={r['p99_ms']}ms with_episode={r['with_episode']}"
+          f" with_fact={r['with_fact']}")
     return 0
 
 
