@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, tzinfo
 from typing import Any, cast
 
+import apsw
 import numpy as np
 
 from runtime import privacy, temporal_recall
@@ -277,7 +278,10 @@ class Recaller:
             for rowid, score in hits:
                 found[(kind, int(rowid))] = max(0.0, float(score) / best)
         if self.settings.keyword_feedback > 0:
-            self._feedback(query, found)
+            try:  # an extra: when it fails, the keywords found stand
+                self._feedback(query, found)
+            except apsw.Error as exc:
+                log.warning("keyword feedback skipped: %s", type(exc).__name__)
         return found
 
     def _feedback(self, query: str, found: dict[Key, float]) -> None:

@@ -804,6 +804,28 @@ def test_keyword_feedback_leaves_out_a_word_in_too_many_turns(memory: Memory,
     assert fed.get(path) == plain.get(path)  # "garden" only: in too many turns
 
 
+def test_keyword_feedback_that_fails_leaves_the_keywords_found(
+        memory: Memory, clock: ManualClock, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Feedback is an extra: an SQLite error in it (the word counts here) is
+    logged by type, and recall answers with the keywords of the first search."""
+    import apsw
+
+    from runtime.fts import TermCounts
+
+    seed_household(memory, clock)
+    plain = _relevance_by_ref(memory, "when was the boiler serviced?", keyword_feedback=0.0)
+
+    def broken(self: TermCounts, terms: object) -> dict[str, int]:
+        raise apsw.SQLError("no such module: fts5vocab")
+
+    monkeypatch.setattr(TermCounts, "docs", broken)
+    with caplog.at_level("WARNING", logger="runtime.recall"):
+        fed = _relevance_by_ref(memory, "when was the boiler serviced?", keyword_feedback=0.5)
+    assert fed == plain and fed
+    assert "keyword feedback skipped: SQLError" in caplog.text
+
+
 def _ranked(memory: Memory, query: str, **recall: object) -> tuple[list[str], dict[str, float]]:
     memory.recaller.settings = memory.recaller.settings.model_copy(update=recall)
     items = memory.recall(query).items
