@@ -42,7 +42,6 @@ from actors.messages import (
     WriteDigests,
     WriteLogExpired,
 )
-from runtime import janitor
 from runtime.config import Settings
 from runtime.digests import DigestService
 from runtime.duplicates import NearDuplicate
@@ -53,6 +52,7 @@ from runtime.mood import MoodService
 from runtime.portrait import PortraitService
 from runtime.threads import ThreadService
 from runtime.user_profile import ProfileService
+from runtime.write_log_retention import EPISODE_HISTORY, expire_write_log
 
 log = logging.getLogger(__name__)
 
@@ -112,9 +112,7 @@ class EpisodesActor:
     def expire_write_log(self, msg: ExpireWriteLog) -> WriteLogExpired:
         """Drop the write-log history of purged episodes past retention."""
         msg = accept(ExpireWriteLog, msg)
-        now = self.store.clock.now() if msg.now is None else msg.now
-        return WriteLogExpired(dropped=janitor.expire_write_log(
-            self.store, now, janitor.EPISODE_HISTORY))
+        return WriteLogExpired(dropped=expire_write_log(self.store, msg.now, EPISODE_HISTORY))
 
     def touch(self, msg: TouchEpisodes) -> Ack:
         """Episodes used in an answer: their decay restarts."""

@@ -36,9 +36,10 @@ from actors.messages import (
     WriteLogExpired,
 )
 from device.records import LocationRecord
-from runtime import janitor, location
+from runtime import location
 from runtime.config import Settings
 from runtime.transcript import TranscriptService
+from runtime.write_log_retention import TRANSCRIPT_HISTORY, expire_write_log
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +131,7 @@ class TranscriptActor:
     def expire_write_log(self, msg: ExpireWriteLog) -> WriteLogExpired:
         """Drop the write-log history of pruned transcript rows past retention."""
         msg = accept(ExpireWriteLog, msg)
-        now = self.store.clock.now() if msg.now is None else msg.now
-        return WriteLogExpired(dropped=janitor.expire_write_log(
-            self.store, now, janitor.TRANSCRIPT_HISTORY))
+        return WriteLogExpired(dropped=expire_write_log(self.store, msg.now, TRANSCRIPT_HISTORY))
 
     def counts(self) -> dict[str, int]:
         return self.store.counts()

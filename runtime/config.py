@@ -30,7 +30,7 @@ import tomllib
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -625,6 +625,34 @@ def read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot be read: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+
+
+_Model = TypeVar("_Model", bound=BaseModel)
+
+
+def read_named_tables(path: Path, key: str, model: type[_Model], *,
+                      named: bool = False) -> dict[str, _Model]:
+    """The ``[<key>.<name>]`` tables of the TOML file at ``path``, each validated
+    as ``model`` (with its ``name`` field set to the table's name when ``named``),
+    by name. A broken file or table is a :class:`ConfigError` naming the file,
+    the table and the field (``fact_kinds.toml: kinds.event.half_life_days: ...``)."""
+    data = read_toml(path)
+    table = data.get(key)
+    if not isinstance(table, dict):
+        raise ConfigError(f"{path}: {key}: expected a table of [{key}.<name>]")
+    parsed: dict[str, _Model] = {}
+    for name, body in table.items():
+        if named:
+            if not isinstance(body, dict):
+                raise ConfigError(f"{path}: {key}.{name}: expected a table")
+            body = {"name": name, **body}
+        try:
+            parsed[name] = model.model_validate(body)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            field = ".".join(str(p) for p in err["loc"])
+            raise ConfigError(f"{path}: {key}.{name}.{field}: {err['msg']}") from None
+    return parsed
 
 
 def _resolve_relative_files(data: dict[str, Any], base: Path) -> None:

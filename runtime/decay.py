@@ -105,7 +105,7 @@ def recency_weight(created_at: float, now: float, tau_days: float = 30.0) -> flo
     return math.exp(-_age_days(created_at, now) / tau_days)
 
 
-# -- the janitor's retention rules (``runtime/janitor.py``) --------------------
+# -- the write log's retention rule (``runtime/write_log_retention.py``) -------
 
 WRITE_LOG_RETENTION_DAYS = 90.0
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from runtime.config import ConfigError, read_toml
+from runtime.config import ConfigError, read_named_tables
 
 log = logging.getLogger(__name__)
 
@@ -36,21 +36,7 @@ class FactKinds:
 
     @classmethod
     def load(cls, path: Path) -> FactKinds:
-        data = read_toml(path)
-        table = data.get("kinds")
-        if not isinstance(table, dict):
-            raise ConfigError(f"{path}: kinds: expected a table of [kinds.<name>]")
-        kinds: dict[str, FactKindPolicy] = {}
-        for name, body in table.items():
-            if not isinstance(body, dict):
-                raise ConfigError(f"{path}: kinds.{name}: expected a table")
-            try:
-                kinds[name] = FactKindPolicy.model_validate({"name": name, **body})
-            except ValidationError as exc:
-                err = exc.errors()[0]
-                field = ".".join(str(p) for p in err["loc"])
-                raise ConfigError(f"{path}: kinds.{name}.{field}: {err['msg']}") from None
-        return cls(kinds)
+        return cls(read_named_tables(path, "kinds", FactKindPolicy, named=True))
 
     @property
     def names(self) -> list[str]:

@@ -96,7 +96,7 @@ class MemoryWriter(Protocol):
     def expire_write_log(self, now: float) -> int:
         """Drop the write-log history of the transcript rows and episodes
         deleted at least the retention period before ``now``, each owner its
-        own tables' (``runtime.janitor.expire_write_log``); return how many
+        own tables' (``runtime.write_log_retention``); return how many
         log rows went."""
         ...
 

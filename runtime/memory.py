@@ -21,7 +21,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from runtime import janitor
+from runtime import janitor, write_log_retention
 from runtime.clock import Clock, SystemClock, household_zone
 from runtime.config import Settings
 from runtime.digests import DigestBatch, DigestService
@@ -175,7 +175,7 @@ class Memory:
 
     def expire_write_log(self, now: float) -> int:
         """Drop the write-log history of pruned and purged rows past retention."""
-        return janitor.expire_write_log(self.store, now)
+        return write_log_retention.expire_write_log(self.store, now)
 
     def change(self, ref: Ref, action: Action, writer: str = "user") -> None:
         """Disable, enable, delete (forget), pin or unpin a memory item; its vector

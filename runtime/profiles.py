@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from runtime.config import ConfigError, read_toml
+from runtime.config import read_named_tables
 
 log = logging.getLogger(__name__)
 
@@ -60,19 +60,7 @@ class MemoryProfiles:
 
     @classmethod
     def load(cls, path: Path) -> MemoryProfiles:
-        data = read_toml(path)
-        sources = data.get("sources")
-        if not isinstance(sources, dict):
-            raise ConfigError(f"{path}: sources: expected a table of [sources.<name>]")
-        parsed: dict[str, MemoryProfile] = {}
-        for name, table in sources.items():
-            try:
-                parsed[name] = MemoryProfile.model_validate(table)
-            except ValidationError as exc:
-                err = exc.errors()[0]
-                field = ".".join(str(p) for p in err["loc"])
-                raise ConfigError(f"{path}: sources.{name}.{field}: {err['msg']}") from None
-        return cls(parsed)
+        return cls(read_named_tables(path, "sources", MemoryProfile))
 
     def resolve(self, source: str) -> ResolvedProfile:
         if source in self._exact:

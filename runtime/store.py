@@ -301,10 +301,9 @@ class Store:
         """Delete a row; the write log keeps its content (see :meth:`forget`)."""
         self._check_by_id(table)
         with self.write_transaction():
-            before = self.get(table, row_id)
+            before = self._take(table, row_id)
             if before is None:
                 return None
-            self.conn.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,))
             self._log(writer, "delete", table, row_id, before, None)
         return before
 
@@ -321,10 +320,9 @@ class Store:
         100,000. Forgetting is rare and user-driven, so that is acceptable."""
         self._check_by_id(table)
         with self.write_transaction():
-            before = self.get(table, row_id)
+            before = self._take(table, row_id)
             if before is None:
                 return None
-            self.conn.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,))
             gone = json.dumps({"id": row_id, "forgotten": True})
             self.conn.execute(
                 "UPDATE write_log SET"
@@ -339,6 +337,15 @@ class Store:
             if fts is not None:
                 self.conn.execute(f"INSERT INTO {fts} ({fts}) VALUES ('optimize')")
         log.info("row forgotten", extra={"table": table, "row_id": row_id})
+        return before
+
+    def _take(self, table: str, row_id: int) -> Row | None:
+        """Inside a write transaction: delete the row ``row_id`` of ``table``
+        and return it as it was (None, and nothing deleted, when there is none).
+        The caller logs the delete (:meth:`delete`, :meth:`forget`)."""
+        before = self.get(table, row_id)
+        if before is not None:
+            self.conn.execute(f"DELETE FROM {table} WHERE id = ?", (row_id,))
         return before
 
     def counts(self) -> dict[str, int]:

@@ -46,32 +46,50 @@ class Broker:
             "log_type error\n")
 
     def start(self) -> Broker:
-        self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return self
-            except OSError:
-                assert self.proc.poll() is None, "mosquitto exited"
-                time.sleep(0.05)
-        raise RuntimeError("mosquitto did not start")
+        self.proc = start_mosquitto(self.conf)
+        wait_listening(self.proc, self.port)
+        return self
 
     def stop(self, sig: int = signal.SIGTERM) -> None:
         """Stop it (SIGTERM: it saves its persistence file first)."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc, sig)
         self.proc = None
 
     def remove(self) -> None:
         self.stop()
         shutil.rmtree(self.data, ignore_errors=True)
+
+
+def start_mosquitto(conf: Path) -> subprocess.Popen[bytes]:
+    """``mosquitto -c conf``, its output discarded (:func:`wait_listening` next)."""
+    return subprocess.Popen([MOSQUITTO, "-c", str(conf)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def wait_listening(proc: subprocess.Popen[bytes], port: int) -> None:
+    """Wait until the broker ``proc`` accepts connections on its loopback ``port``
+    (within 20 s; RuntimeError if it exits first or does not; it is left running)."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError("mosquitto exited at start") from None
+            time.sleep(0.05)
+    raise RuntimeError("mosquitto did not start")
+
+
+def stop_process(proc: subprocess.Popen[bytes] | None, sig: int = signal.SIGTERM) -> None:
+    """Send ``sig`` to ``proc`` if it still runs, give it 10 s to exit, then kill it."""
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
 
 
 def persistence_dir() -> Path:

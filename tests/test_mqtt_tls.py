@@ -30,7 +30,7 @@ from actors.common import open_store
 from device.mqtt_bridge import Bridge
 from device.topics import TopicMap
 from runtime.config import Settings
-from tests.mosquitto import MOSQUITTO, free_port, persistence_dir
+from tests.mosquitto import MOSQUITTO, free_port, persistence_dir, stop_process
 from tests.test_mqtt_bridge import StoreSink, fixes, owntracks
 from tests.waiting import wait_for
 
@@ -184,13 +184,7 @@ class SecureBroker:
                               self.text()))
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
         self.proc = None
         shutil.rmtree(self.home, ignore_errors=True)
 

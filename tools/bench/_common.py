@@ -18,12 +18,13 @@ import random
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 # No usage-stats prompt or upload from the Ray instances these scripts start.
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -36,6 +37,8 @@ import numpy as np  # noqa: E402
 
 from runtime.config import Settings, load_settings  # noqa: E402
 from runtime.transcript import TurnIn  # noqa: E402
+
+T = TypeVar("T")
 
 MiB = 1024 * 1024
 CORPUS_VERSION = 1  # bump when the generator changes (invalidates cached stores)
@@ -347,6 +350,28 @@ def local_ray(settings: Settings, dashboard: bool | None = None,
 def stop_runtime(sup: Any) -> None:
     """Stop the Supervisor's actors (it saves the index first)."""
     sup.stop()
+
+
+# -- load ---------------------------------------------------------------------
+
+def released_together(target: Callable[[T], None], args: Sequence[T]) -> float:
+    """Run ``target(arg)`` in a thread of its own for each of ``args``, all held at
+    a barrier and released at once; return the wall seconds from the release
+    until the last one is done."""
+    gate = threading.Barrier(len(args) + 1)
+
+    def run(arg: T) -> None:
+        gate.wait()
+        target(arg)
+
+    threads = [threading.Thread(target=run, args=(arg,)) for arg in args]
+    for t in threads:
+        t.start()
+    gate.wait()
+    started = time.perf_counter()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - started
 
 
 # -- figures ----------------------------------------------------------------

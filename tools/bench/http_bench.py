@@ -459,10 +459,8 @@ def threaded(fn_for: Callable[[int], Callable[[str], float]], queries: list[str]
     lock = threading.Lock()
     times: list[float] = []
     calls = [fn_for(i) for i in range(workers)]
-    gate = threading.Barrier(workers + 1)
 
     def run(call: Callable[[str], float]) -> None:
-        gate.wait()
         while True:
             with lock:
                 if not todo:
@@ -472,14 +470,7 @@ def threaded(fn_for: Callable[[int], Callable[[str], float]], queries: list[str]
             with lock:
                 times.append(ms)
 
-    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
-    for t in threads:
-        t.start()
-    gate.wait()
-    started = time.perf_counter()
-    for t in threads:
-        t.join()
-    return times, time.perf_counter() - started
+    return times, c.released_together(run, calls)
 
 
 # -- measuring ------------------------------------------------------------------

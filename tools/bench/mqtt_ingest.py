@@ -74,8 +74,6 @@ import json
 import os
 import pickle
 import shutil
-import signal
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -102,8 +100,8 @@ from runtime import location
 from runtime.config import Settings
 from runtime.fact_kinds import FactKinds
 from runtime.store import Store
+from tests.mosquitto import free_port, start_mosquitto, stop_process, wait_listening
 
-MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 USER = "bench"
 RTT_TOPIC = "bench/rtt"
 GOAL_RATE = 2000.0
@@ -111,12 +109,6 @@ GOAL_P99_MS = 50.0
 
 
 # -- the broker ----------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 class Broker:
     """Mosquitto on a free loopback port, no persistence (nothing to keep), so no
@@ -137,27 +129,12 @@ class Broker:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Broker:
-        self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return self
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError("mosquitto exited at start") from None
-                time.sleep(0.05)
-        raise RuntimeError("mosquitto did not start")
+        self.proc = start_mosquitto(self.conf)
+        wait_listening(self.proc, self.port)
+        return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_process(self.proc)
         self.proc = None
 
 

@@ -313,11 +313,9 @@ def concurrent(netloc: str, path: str, n: int, workers: int = CONCURRENCY) -> di
     left = [n]
     lock = threading.Lock()
     times: list[float] = []
-    gate = threading.Barrier(workers + 1)
     errors: list[str] = []
 
     def run(conn: Conn) -> None:
-        gate.wait()
         try:
             while True:
                 with lock:
@@ -335,14 +333,7 @@ def concurrent(netloc: str, path: str, n: int, workers: int = CONCURRENCY) -> di
     conns = [Conn(netloc) for _ in range(workers)]
     for conn in conns:  # connect (and warm) each before the clock starts
         conn.get(path)
-    threads = [threading.Thread(target=run, args=(conn,)) for conn in conns]
-    for t in threads:
-        t.start()
-    gate.wait()
-    started = time.perf_counter()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - started
+    wall = c.released_together(run, conns)
     out: dict[str, Any] = c.lat_summary(times)
     out |= {"workers": workers, "req_per_s": round(len(times) / wall, 1), "wall_s": round(wall, 2),
             "errors": errors[:3]}
