@@ -87,6 +87,9 @@ FEEDBACK_MIN_TURNS = 50
 TURNS_PER_ITEM_FIRST = 3
 # Raw turns age on the leaf time constant.
 TURN_TAU_DAYS = 14.0
+# Rows looked at on each side of a turn for its same-channel neighbours, per
+# neighbour wanted (recall.context_turns).
+NEIGHBOUR_REACH = 4
 # Ids per "IN (...)" query, well within SQLite's limit on parameters.
 ID_CHUNK = 5000
 
@@ -189,6 +192,9 @@ class Recaller:
         # one thread for the keyword stage (its thread ends with this object)
         self._keywords = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recall-keywords")
         self._words: TermCounts | None = None  # the turns' word counts (feedback), once asked
+        # most turns' neighbours were not right beside them last time (channels
+        # interleave): read each turn's whole reach at once (_neighbours)
+        self._wide = False
 
     # -- public -----------------------------------------------------------
 
@@ -402,6 +408,55 @@ class Recaller:
                            for (item_id, _), sim in zip(rows, sims))
         return out
 
+    def _neighbours(self, turn_rows: list[Row], span: int) -> dict[int, list[int]]:
+        """Each turn's same-channel neighbours: up to ``span`` on each side, the
+        nearest first, looked for among the ``NEIGHBOUR_REACH * span`` rows on
+        each side. The rows right beside every turn are read first; only a turn
+        that did not find ``span`` neighbours on a side there (another channel
+        between, a row pruned, the store's edge) has its whole reach read; when
+        most turns did not, the next recall reads every turn's reach at once."""
+        reach = span * NEIGHBOUR_REACH
+        first = reach if self._wide else span  # channels interleaved last time: read all
+        channel_of = self._channels([row["id"] for row in turn_rows], first)
+        found: dict[int, list[int]] = {}
+        short: list[Row] = []
+        apart = 0  # turns whose neighbours are not all right beside them
+        for row in turn_rows:
+            near = _same_channel(channel_of, row["id"], row["channel"], span, first)
+            if near is None:
+                short.append(row)
+            else:
+                found[row["id"]] = near
+            if near is None or any(abs(i - row["id"]) > span for i in near):
+                apart += 1
+        self._wide = 2 * apart > len(turn_rows)
+        if short:
+            if first < reach:
+                channel_of.update(self._channels([row["id"] for row in short], reach))
+            for row in short:
+                found[row["id"]] = _same_channel(channel_of, row["id"], row["channel"],
+                                                 span, reach, whole=True) or []
+        return found
+
+    def _channels(self, turn_ids: list[int], half: int) -> dict[int, str]:
+        """The channel of every row within ``half`` rowids of each of ``turn_ids``:
+        merged rowid ranges (cheap), the channel compared in Python (asking SQLite
+        for "channel = ? AND id BETWEEN" walks the channel index instead)."""
+        ranges: list[list[int]] = []
+        for turn_id in sorted(turn_ids):
+            if ranges and turn_id - half <= ranges[-1][1] + 1:
+                ranges[-1][1] = turn_id + half
+            else:
+                ranges.append([turn_id - half, turn_id + half])
+        channel_of: dict[int, str] = {}
+        for start in range(0, len(ranges), ID_CHUNK // 2):  # two parameters a range
+            chunk = ranges[start:start + ID_CHUNK // 2]
+            channel_of.update(self.store.conn.execute(
+                "SELECT id, channel FROM transcript WHERE "
+                + " OR ".join("id BETWEEN ? AND ?" for _ in chunk),
+                [bound for pair in chunk for bound in pair]))
+        return channel_of
+
     def _neighbour_cosines(self, cands: dict[Key, _Candidate], qvec: np.ndarray,
                            lexical: dict[Key, float] | None = None,
                            known: dict[Key, float] | None = None,
@@ -416,32 +471,7 @@ class Recaller:
         turn_rows = [c.row for c in cands.values() if c.kind == "turn"]
         if not turn_rows or NEIGHBOUR_SHARE <= 0 or self.settings.context_turns <= 0:
             return
-        span = self.settings.context_turns
-        reach = span * 4  # rows looked at on each side for same-channel neighbours
-        # the rows around every candidate by rowid ranges, merged (cheap), then the
-        # channel check in Python: asking SQLite for "channel = ? AND id BETWEEN"
-        # walks the channel index instead
-        ranges: list[list[int]] = []
-        for turn_id in sorted(row["id"] for row in turn_rows):
-            if ranges and turn_id - reach <= ranges[-1][1] + 1:
-                ranges[-1][1] = turn_id + reach
-            else:
-                ranges.append([turn_id - reach, turn_id + reach])
-        channel_of: dict[int, str] = {}
-        for start in range(0, len(ranges), ID_CHUNK // 2):  # two parameters a range
-            chunk = ranges[start:start + ID_CHUNK // 2]
-            channel_of.update(self.store.conn.execute(
-                "SELECT id, channel FROM transcript WHERE "
-                + " OR ".join("id BETWEEN ? AND ?" for _ in chunk),
-                [bound for pair in chunk for bound in pair]))
-        neighbour_ids: dict[int, list[int]] = {}
-        for row in turn_rows:
-            me, channel = row["id"], row["channel"]
-            before = [i for i in range(me - 1, me - reach - 1, -1)
-                      if channel_of.get(i) == channel][:span]
-            after = [i for i in range(me + 1, me + reach + 1)
-                     if channel_of.get(i) == channel][:span]
-            neighbour_ids[me] = before + after
+        neighbour_ids = self._neighbours(turn_rows, self.settings.context_turns)
         # similarities known already: the vector search's hits, the candidates
         sims = {key[1]: sim for key, sim in (known or {}).items() if key[0] == "turn"}
         sims.update((row["id"], cands[("turn", row["id"])].cosine) for row in turn_rows)
@@ -561,6 +591,26 @@ class Recaller:
                 turns=cand.turns, tokens=tokens, sensitive=bool(cand.row.get("sensitive")),
                 person=privacy.row_person(cand.kind, cand.row)))
         return items
+
+
+def _same_channel(channel_of: dict[int, str], me: int, channel: str, span: int,
+                  reach: int, whole: bool = False) -> list[int] | None:
+    """Up to ``span`` rows of ``channel`` on each side of row ``me`` within
+    ``reach`` rows, the nearest first (before, then after). ``channel_of`` must
+    hold every row within ``reach`` of ``me`` (rows it lacks are gone). Unless
+    ``whole``, None when a side has fewer than ``span``: the caller reads farther."""
+    sides: list[int] = []
+    for step in (-1, 1):
+        got = 0
+        for i in range(me + step, me + step * (reach + 1), step):
+            if channel_of.get(i) == channel:
+                sides.append(i)
+                got += 1
+                if got == span:
+                    break
+        if got < span and not whole:
+            return None
+    return sides
 
 
 def _fact_turns(provenance: str) -> tuple[int, ...]:

@@ -26,7 +26,7 @@ from runtime.episodes import EpisodeIn
 from runtime.facts import FactIn
 from runtime.fts import match_expression
 from runtime.memory import Memory
-from runtime.recall import Recaller, RecallResult, render
+from runtime.recall import NEIGHBOUR_REACH, Recaller, RecallResult, render
 from runtime.transcript import TurnIn
 from runtime.vector_index import KINDS
 
@@ -868,3 +868,33 @@ def test_weight_facts_moves_a_fact_against_the_turns(memory: Memory, clock: Manu
     assert low[fact] == pytest.approx(0.5 * scores[fact], abs=1e-5)
     assert low[said] == scores[said]  # turns keep 1.0
     assert _ranked(memory, query, weight_facts=1.0, weight_episodes=0.5)[1] == scores
+
+
+def test_neighbours_are_found_past_other_channels_within_the_reach(
+        memory: Memory, clock: ManualClock) -> None:
+    """A turn's same-channel neighbours are the nearest ones on each side, looked
+    for up to ``NEIGHBOUR_REACH * context_turns`` rows away: turns of other
+    channels in between are stepped over, and a turn farther than the reach is
+    not a neighbour."""
+    ids: list[int] = []
+    for channel in ["kitchen", "hall", "hall", "kitchen", "kitchen", "hall", "hall", "hall",
+                    "hall", "hall", "kitchen"]:
+        clock.advance(60)
+        ids.append(memory.add_turn(turn(f"said in the {channel}", channel=channel)))
+    rows = {int(r["id"]): r for r in memory.store.rows("SELECT * FROM transcript")}
+
+    def neighbours(i: int, span: int) -> list[int]:
+        found = []
+        for wide in (False, True):  # rows beside first, or the whole reach at once
+            memory.recaller._wide = wide
+            found.append(memory.recaller._neighbours([rows[ids[i]]], span)[ids[i]])
+        assert found[0] == found[1]
+        return found[0]
+
+    assert NEIGHBOUR_REACH == 4
+    assert neighbours(0, 1) == [ids[3]]  # two hall turns stepped over
+    assert neighbours(4, 1) == [ids[3]]  # the next kitchen turn is 6 rows on: out of reach
+    assert neighbours(4, 2) == [ids[3], ids[0], ids[10]]  # reach 8: nearest first
+    assert neighbours(10, 1) == []
+    assert neighbours(10, 2) == [ids[4], ids[3]]
+    assert neighbours(3, 1) == [ids[0], ids[4]]  # before, then after
