@@ -167,9 +167,13 @@ def pull_in(store: Store, hint: TimeHint, qvec: np.ndarray,
         room = PULL_SCAN - len(keys)
         if room <= 0:
             break
+        # the memory table first (CROSS JOIN keeps that order): the turns by
+        # their time index, then each one's vector; SQLite would otherwise walk
+        # every vector of the kind
         for item_id, blob in store.conn.execute(
-            f"SELECT v.item_id, v.vec FROM vectors v JOIN {table} m ON m.id = v.item_id"
-            f" WHERE v.kind = ? AND {first} < ? AND {last} >= ? AND {live} LIMIT ?",
+            f"SELECT v.item_id, v.vec FROM {table} m CROSS JOIN vectors v"
+            f" ON v.kind = ? AND v.item_id = m.id"
+            f" WHERE {first} < ? AND {last} >= ? AND {live} LIMIT ?",
                 (kind, end, start, room)):
             if (kind, int(item_id)) not in skip:
                 keys.append((kind, int(item_id)))

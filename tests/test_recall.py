@@ -11,14 +11,17 @@ import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, tzinfo
+from typing import Any
 from zoneinfo import ZoneInfo
 
+import apsw
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from runtime import temporal_recall
 from runtime.clock import DAY, ManualClock
 from runtime.config import Settings
 from runtime.embedder import Embedder
@@ -27,6 +30,8 @@ from runtime.facts import FactIn
 from runtime.fts import match_expression
 from runtime.memory import Memory
 from runtime.recall import NEIGHBOUR_REACH, Recaller, RecallResult, render
+from runtime.refs import Ref
+from runtime.timeexpr import Span
 from runtime.transcript import TurnIn
 from runtime.vector_index import KINDS
 
@@ -898,3 +903,52 @@ def test_neighbours_are_found_past_other_channels_within_the_reach(
     assert neighbours(10, 1) == []
     assert neighbours(10, 2) == [ids[4], ids[3]]
     assert neighbours(3, 1) == [ids[0], ids[4]]  # before, then after
+
+
+def test_pull_in_brings_the_spans_turns_most_like_the_query(
+        memory: Memory, clock: ManualClock) -> None:
+    """Temporal recall's pull-in: of the turns said in the span a query names (or
+    in the week after it), the recallable ones most like the query, with their
+    cosine; a turn outside the span, a disabled one and one already found
+    (``skip``) are left out. The turns are found by their time index: turns
+    said at other times cost the search nothing."""
+    start = clock.now()
+    said: dict[str, int] = {}
+    for name, text, days in [("before", "We baked bread with the kids", 0),
+                             ("in_span", "We baked a cake with the kids", 10),
+                             ("other", "The boiler needs a service", 10),
+                             ("disabled", "We baked cookies with the kids", 10),
+                             ("skipped", "We baked muffins with the kids", 10),
+                             ("week_after", "The bread we baked was lovely", 14),
+                             ("after", "We baked pies with the kids", 30)]:
+        clock.set(start + days * DAY)
+        said[name] = memory.add_turn(turn(text))
+    memory.change(Ref("turn", said["disabled"]), "disable")
+    day = start + 10 * DAY
+    hint = temporal_recall.TimeHint(span=Span(day - 3600, day + 3600, "that day"),
+                                    asks_when=False)
+    qvec = memory.embedder.embed(["What did we bake with the kids?"])[0]
+
+    def pull_in() -> tuple[dict[tuple[str, int], float], int]:
+        steps: list[int] = []
+
+        def profile(event: dict[str, Any]) -> None:
+            if {"transcript", "vectors"} <= set(event.get("sql", "").split()):
+                steps.append(event["stmt_status"]["SQLITE_STMTSTATUS_VM_STEP"])
+
+        memory.store.conn.trace_v2(apsw.SQLITE_TRACE_PROFILE, profile)
+        try:
+            found = temporal_recall.pull_in(memory.store, hint, qvec,
+                                            skip={("turn", said["skipped"])})
+        finally:
+            memory.store.conn.trace_v2(0, None)
+        assert len(steps) == 1
+        return found, steps[0]
+
+    found, steps = pull_in()
+    assert set(found) == {("turn", said[n]) for n in ("in_span", "other", "week_after")}
+    assert found[("turn", said["in_span"])] > found[("turn", said["other"])]
+    for n in range(40):  # said long after: the same search, the same work
+        clock.set(start + (60 + n) * DAY)
+        memory.add_turn(turn(f"We baked {n} loaves with the kids"))
+    assert pull_in() == (found, steps)
