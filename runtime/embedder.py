@@ -25,7 +25,6 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -155,15 +154,13 @@ class OnnxMiniLMEmbedder:
     ``batch_size``, each padded to its own longest member, then put back in
     the caller's order. The session runs with the CPU memory arena and the
     memory pattern disabled, so memory stays bounded across long runs with
-    varying shapes. Each run of the model uses one onnxruntime thread (its
-    pool threads never spin); a call's batches run side by side on ``threads``
-    threads (0 = one per core this process may use, :func:`usable_cores`),
-    made smaller when there are fewer batches than threads; a single text runs
-    on the caller's thread alone and leaves the other cores free.
+    varying shapes; ``threads`` sets intra-op threads (0 = one per core this
+    process may use, :func:`usable_cores`) and inter-op threads are 1; pool
+    threads never spin.
 
     Thread safety: calls are serialised by an internal lock, so sharing one
-    instance between threads is safe but gives no parallelism (a call already
-    uses the cores). Meant for one caller at a time.
+    instance between threads is safe but gives no parallelism (onnxruntime
+    already uses the cores within a call). Meant for one caller at a time.
 
     ``model_dir`` (keyword-only) overrides the packaged model directory; it
     must hold ``model.safetensors``, ``config.json`` and ``tokenizer.json``.
@@ -206,7 +203,6 @@ class OnnxMiniLMEmbedder:
         self._tokenizer = self._load_tokenizer()
         self._session: onnxruntime.InferenceSession | None = None
         self._lock = threading.Lock()
-        self._pool: ThreadPoolExecutor | None = None  # batches' threads, made on first need
 
     def __repr__(self) -> str:
         return (
@@ -240,31 +236,14 @@ class OnnxMiniLMEmbedder:
             encodings = self._tokenizer.encode_batch(items)
             order = sorted(range(len(items)), key=lambda i: len(encodings[i].ids))
             out = np.empty((len(items), self.dim), dtype=np.float32)
-            # batches of like lengths, spread over the threads: one each at least
-            size = min(self.batch_size, -(-len(order) // self._workers()))
-            batches = [order[start : start + size] for start in range(0, len(order), size)]
-            if len(batches) == 1:  # a query: on this thread, the other cores left free
-                out[batches[0]] = self._run(session, [encodings[i] for i in batches[0]])
-            else:
-                pool = self._thread_pool()
-                runs = [pool.submit(self._run, session, [encodings[i] for i in rows])
-                        for rows in batches]
-                for rows, run in zip(batches, runs, strict=True):
-                    out[rows] = run.result()
+            for start in range(0, len(order), self.batch_size):
+                rows = order[start : start + self.batch_size]
+                out[rows] = self._run(session, [encodings[i] for i in rows])
         if not np.isfinite(out).all():
             raise EmbedderError("the model produced non-finite values")
         return out
 
     # -- internals ---------------------------------------------------------
-
-    def _workers(self) -> int:
-        return self.threads or usable_cores()
-
-    def _thread_pool(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self._workers(),
-                                            thread_name_prefix="embed")
-        return self._pool
 
     def _load_tokenizer(self) -> Tokenizer:
         from tokenizers import Tokenizer
@@ -346,11 +325,7 @@ class OnnxMiniLMEmbedder:
         opts = ort.SessionOptions()
         opts.enable_cpu_mem_arena = False
         opts.enable_mem_pattern = False
-        # one thread per run: a call's batches run side by side, one per thread
-        # (embed), which is faster than splitting each step of one batch
-        # across threads, and a query leaves the other cores to recall's
-        # keyword stage (docs/benchmarks.md, "Embedder threads, again")
-        opts.intra_op_num_threads = 1
+        opts.intra_op_num_threads = self.threads or usable_cores()
         opts.inter_op_num_threads = 1
         # onnxruntime's pool threads spin between steps and after a call: on a
         # hub's shared cores that burns CPU and, when another program keeps a
