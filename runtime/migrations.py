@@ -722,9 +722,9 @@ MIGRATIONS: list[tuple[str, str]] = [
         "0020_transcript_time",
         """
         -- Turns by the time they were said, whatever the channel: temporal
-        -- recall's pull-in (runtime.temporal_recall.pull_in), the digests and the
-        -- timeline ask for a span; without it each such question read every
-        -- turn (at 100k turns, 15-30 ms of a recall that names a day).
+        -- recall's pull-in (runtime.temporal_recall.pull_in) and the digests ask
+        -- for a span; without it each such question read every turn (at 100k
+        -- turns, 15-30 ms of a recall that names a day).
         CREATE INDEX transcript_time ON transcript (created_at);
         """,
     ),
