@@ -298,7 +298,8 @@ def _edge_lines(status: Any, settings: Settings) -> Iterator[str]:
         yield "mqtt: no broker configured (set mqtt.host); running without the bridge"
     else:
         rejected = ", ".join(f"{k} {v}" for k, v in sorted(mqtt.rejected.items())) or "none"
-        state = "connected" if mqtt.connected else "NOT connected"
+        state = ("NOT connected" if not mqtt.connected else "connected" if mqtt.subscribed
+                 else "connected (topics not subscribed yet)")
         yield (f"mqtt: {state} to {mqtt.broker}; {mqtt.accepted} accepted, {mqtt.stored}"
                f" stored, rejected: {rejected}" + (f" ({mqtt.error})" if mqtt.error else ""))
     if status.location is not None:

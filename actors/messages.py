@@ -777,6 +777,7 @@ class EdgeInfo(Message):
 
     configured: bool
     connected: bool
+    subscribed: bool = False  # the broker granted the topic subscriptions (SUBACK)
     accepted: int = 0
     rejected: dict[str, int] = Field(default_factory=dict)
     stored: int = 0

@@ -5,8 +5,11 @@ One paho-mqtt (v2 callback API) client, configured from ``[mqtt]``:
 - **In.** It subscribes, at QoS 1, to every pattern of the topic map
   (``device.topics``) with a persistent session (``clean_session=False`` and
   a fixed client id), so the broker queues what arrives while the bridge is
-  away. Each message is parsed by its adapter into location and presence
-  records, or refused and counted by reason (``device.records.REASONS``).
+  away. Messages flow once the broker grants the subscriptions (its SUBACK;
+  ``subscribed`` in the stats); a pattern its ACL refuses is named in the log
+  and counted in ``error``. Each message is parsed by its adapter into
+  location and presence records, or refused and counted by reason
+  (``device.records.REASONS``).
   Accepted records go to a queue; a writer thread hands them to the
   :class:`Sink` in batches, and only then acknowledges them to the broker
   (paho's ``manual_ack``): a message is acknowledged once it is stored, so a
@@ -75,6 +78,7 @@ class _Pending:
 @dataclass
 class BridgeStats:
     connected: bool = False
+    subscribed: bool = False  # the broker granted the subscriptions (SUBACK) on this connection
     accepted: int = 0
     stored: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
@@ -107,6 +111,7 @@ class Bridge:
         self._queue: queue.Queue[_Pending] = queue.Queue(QUEUE_MAX)
         self._stop = threading.Event()
         self._announce = threading.Event()  # discovery + state wanted now
+        self._subscribing: tuple[int, list[str]] | None = None  # (mid, patterns) awaiting SUBACK
         self._writer: threading.Thread | None = None
         self._stater: threading.Thread | None = None
         self.client = self._client()
@@ -137,6 +142,7 @@ class Bridge:
         client.on_connect = self._on_connect
         client.on_connect_fail = self._on_connect_fail
         client.on_disconnect = self._on_disconnect
+        client.on_subscribe = self._on_subscribe
         client.on_message = self._on_message
         return client
 
@@ -190,8 +196,14 @@ class Bridge:
         subs = [(pattern, 1) for pattern in self.topics.subscriptions()]
         if self.settings.discovery:
             subs.append((self.ha_status, 1))
-        if subs:
-            client.subscribe(subs)
+        if subs:  # its SUBACK is read on this same thread, after this returns
+            result, mid = client.subscribe(subs)
+            if result == mqtt.MQTT_ERR_SUCCESS and mid is not None:
+                with self._lock:
+                    self._subscribing = (mid, [pattern for pattern, _ in subs])
+        else:
+            with self._lock:
+                self._stats.subscribed = True  # nothing to subscribe to
         client.publish(self.availability, "online", qos=1, retain=True)
         self._announce.set()
         log.info("MQTT bridge connected (%d subscriptions, session present: %s)",
@@ -209,6 +221,8 @@ class Bridge:
         with self._lock:
             was_connected = self._stats.connected
             self._stats.connected = False
+            self._stats.subscribed = False
+            self._subscribing = None
             if was_connected:
                 self._stats.disconnects += 1
             elif self._stats.error is None:  # dropped before a CONNACK: TLS, or refused
@@ -220,6 +234,25 @@ class Bridge:
             log.warning("MQTT bridge disconnected (%s); reconnecting", reason)
         else:
             log.warning("MQTT broker closed the connection before it was set up (%s)", reason)
+
+    def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int,
+                      reason_codes: list[Any], properties: Any) -> None:
+        """The SUBACK: messages are routed to the bridge from here on. A broker's ACL
+        may refuse some patterns; those are named in the log and in ``error``."""
+        with self._lock:
+            if self._subscribing is None or self._subscribing[0] != mid:
+                return
+            patterns = self._subscribing[1]
+            self._subscribing = None
+            refused = [p for p, code in zip(patterns, reason_codes, strict=False)
+                       if code.is_failure]
+            self._stats.subscribed = len(refused) < len(patterns)
+            if refused:
+                self._stats.error = (f"subscription refused by the broker for {len(refused)}"
+                                     f" of {len(patterns)} topic patterns")
+        if refused:
+            log.warning("MQTT broker refused the subscription to %s (its ACL?)",
+                        ", ".join(refused))
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         now = self.now()
@@ -341,7 +374,7 @@ class Bridge:
         """``mqtt`` of ``reverie status --json``."""
         with self._lock:
             s = self._stats
-            return {"configured": True, "connected": s.connected,
+            return {"configured": True, "connected": s.connected, "subscribed": s.subscribed,
                     "broker": f"{self.settings.host}:{self.settings.port}",
                     "accepted": s.accepted, "rejected": dict(s.rejected), "stored": s.stored,
                     "pending": self._queue.qsize(), "connects": s.connects,

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import base64
+import glob
+import hashlib
+import json
 import os
 import pwd
 import shutil
@@ -27,9 +31,10 @@ def free_port() -> int:
 
 
 class Broker:
-    """``mosquitto -c`` with persistence in ``workdir``; start, kill and start again."""
+    """``mosquitto -c`` with persistence in ``workdir``; start, kill and start again
+    (``extra_conf``: more configuration lines, e.g. an ``acl_file``)."""
 
-    def __init__(self, workdir: Path, port: int | None = None) -> None:
+    def __init__(self, workdir: Path, port: int | None = None, extra_conf: str = "") -> None:
         self.workdir = workdir
         self.port = port or free_port()
         self.proc: subprocess.Popen[bytes] | None = None
@@ -43,7 +48,7 @@ class Broker:
             f"persistence_location {self.data}/\n"
             "max_queued_messages 100000\n"
             "log_dest stderr\n"
-            "log_type error\n")
+            "log_type error\n" + extra_conf)
 
     def start(self) -> Broker:
         self.proc = start_mosquitto(self.conf)
@@ -107,6 +112,36 @@ def persistence_dir() -> Path:
     return path
 
 
+def dynsec_conf(directory: Path, username: str, password: str,
+                acls: list[tuple[str, str, bool]]) -> str:
+    """Configuration lines for Mosquitto's dynamic-security plugin with one client,
+    ``username``, holding ``acls`` (``(acltype, topic, allow)``); everything not
+    allowed is denied, subscriptions included (the SUBACK refuses them). The
+    plugin's file goes in ``directory`` (one from :func:`persistence_dir`)."""
+    plugin = glob.glob("/usr/lib/*/mosquitto_dynamic_security.so")
+    if not plugin:
+        raise RuntimeError("mosquitto_dynamic_security.so is not installed")
+    salt = os.urandom(12)
+    digest = hashlib.pbkdf2_hmac("sha512", password.encode(), salt, 101)
+    doc = {"defaultACLAccess": {"publishClientSend": False, "publishClientReceive": False,
+                                "subscribe": False, "unsubscribe": True},
+           "clients": [{"username": username, "password": base64.b64encode(digest).decode(),
+                        "salt": base64.b64encode(salt).decode(), "iterations": 101,
+                        "roles": [{"rolename": "only"}]}],
+           "roles": [{"rolename": "only",
+                      "acls": [{"acltype": kind, "topic": topic, "allow": allow}
+                               for kind, topic, allow in acls]}]}
+    path = directory / "dynamic-security.json"
+    path.write_text(json.dumps(doc))
+    if os.geteuid() == 0:
+        try:
+            user = pwd.getpwnam("mosquitto")
+            os.chown(path, user.pw_uid, user.pw_gid)
+        except KeyError:
+            pass
+    return f"plugin {plugin[0]}\nplugin_opt_config_file {path}\n"
+
+
 @contextmanager
 def running_broker(workdir: Path) -> Iterator[Broker]:
     broker = Broker(workdir).start()
@@ -119,12 +154,17 @@ def running_broker(workdir: Path) -> Iterator[Broker]:
 class Client:
     """A second MQTT client: publishes what sensors would, records what it receives."""
 
-    def __init__(self, port: int, client_id: str = "", clean: bool = True) -> None:
+    def __init__(self, port: int, client_id: str = "", clean: bool = True,
+                 login: tuple[str, str] | None = None) -> None:
         self.received: list[mqtt.MQTTMessage] = []
         self._lock = threading.Lock()
         self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
                                   clean_session=clean)
+        if login is not None:
+            self.client.username_pw_set(*login)
+        self._granted: set[int] = set()  # subscription mids the broker granted
         self.client.on_message = self._on_message
+        self.client.on_subscribe = self._on_subscribe
         self.client.connect("127.0.0.1", port)
         self.client.loop_start()
 
@@ -134,8 +174,23 @@ class Client:
             self.received.append(msg)
 
     def subscribe(self, pattern: str, qos: int = 1) -> None:
-        result, _mid = self.client.subscribe(pattern, qos)
+        """Subscribe, and wait for the broker's grant (SUBACK): a message published
+        before it would not reach this client."""
+        result, mid = self.client.subscribe(pattern, qos)
         assert result == mqtt.MQTT_ERR_SUCCESS
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with self._lock:
+                if mid in self._granted:
+                    return
+            time.sleep(0.01)
+        raise AssertionError(f"no SUBACK for {pattern} within 10 s")
+
+    def _on_subscribe(self, client: mqtt.Client, userdata: object, mid: int,
+                      reason_codes: list[mqtt.ReasonCode], properties: object) -> None:
+        with self._lock:
+            if not any(code.is_failure for code in reason_codes):
+                self._granted.add(mid)
 
     def publish(self, topic: str, payload: bytes | str, qos: int = 1,
                 retain: bool = False) -> None:

@@ -58,7 +58,7 @@ def running(ray_instance: str, tmp_path_factory: pytest.TempPathFactory, model_c
 
 def test_status_shows_the_bridge_fixes_and_presence(running: dict[str, str],
                                                     broker: Broker) -> None:
-    assert wait_for(lambda: status(running)["mqtt"]["connected"] is True, 60)
+    assert wait_for(lambda: status(running)["mqtt"]["subscribed"] is True, 60)
     sensor = Client(broker.port)
     try:
         now = time.time()

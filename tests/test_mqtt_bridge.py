@@ -8,6 +8,7 @@ through the actors and ``reverie run`` is in ``test_edge_runtime.py``.
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -28,7 +29,7 @@ from runtime.idle import idle_state
 from runtime.profiles import MemoryProfiles
 from runtime.store import Store
 from runtime.transcript import TranscriptService, TurnIn
-from tests.mosquitto import Broker, Client
+from tests.mosquitto import Broker, Client, dynsec_conf, persistence_dir
 from tests.waiting import wait_for
 
 NOW = 1_790_000_000.0  # the fixes' times are near the real clock: the bridge checks them
@@ -88,7 +89,9 @@ def env(tmp_path: Path, broker: Broker, make_settings: Any) -> Iterator[dict[str
     bridge = Bridge(settings.mqtt, TopicMap.from_settings(settings.mqtt), sink,
                     jobs=["consolidate"], version="test", state_every_s=3600)
     bridge.start()
-    assert wait_for(lambda: bridge.connected, 30)
+    # subscribed, not only connected: a sensor's message sent before the broker
+    # granted the subscriptions goes nowhere
+    assert wait_for(lambda: bridge.stats()["subscribed"], 30)
     sensor = Client(broker.port)
     try:
         yield {"settings": settings, "store": store, "sink": sink, "bridge": bridge,
@@ -323,3 +326,50 @@ def test_fuzz_the_live_bridge(env: dict[str, Any], batch: list[tuple[str, bytes]
 
     assert wait_for(counted, 20), (bridge.stats(), before)
     assert bridge.connected
+
+
+def test_patterns_the_broker_refuses_are_named_and_the_rest_still_flow(
+        tmp_path: Path, make_settings: Any, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broker (dynamic security) that lets the bridge's user subscribe only to
+    OwnTracks: its SUBACK refuses every other pattern, the bridge says which, and
+    OwnTracks fixes still arrive."""
+    import logging
+    import time
+
+    plugin_dir = persistence_dir()  # the broker drops to its own user before reading it
+    conf = dynsec_conf(plugin_dir, "hub", "hub-secret", [
+        ("subscribePattern", "owntracks/#", True),
+        ("publishClientReceive", "owntracks/#", True),
+        ("publishClientSend", "#", True)])
+    broker = Broker(tmp_path / "broker", extra_conf=conf).start()
+    monkeypatch.setenv("HUB_MQTT_PASSWORD", "hub-secret")
+    settings: Settings = make_settings(mqtt={"host": "127.0.0.1", "port": broker.port,
+                                             "client_id": f"reverie-{broker.port}",
+                                             "username": "hub",
+                                             "password_env": "HUB_MQTT_PASSWORD"})
+    topics = TopicMap.from_settings(settings.mqtt)
+    patterns = [*topics.subscriptions(), f"{settings.mqtt.discovery_prefix}/status"]
+    refused = [p for p in patterns if not p.startswith("owntracks/")]
+    assert refused and len(refused) < len(patterns)
+    sink = StoreSink(open_store(settings), settings)
+    bridge = Bridge(settings.mqtt, topics, sink, state_every_s=3600)
+    caplog.set_level(logging.WARNING, logger="device.mqtt_bridge")
+    bridge.start()
+    sensor: Client | None = None
+    try:
+        assert wait_for(lambda: bridge.stats()["subscribed"], 30), bridge.stats()
+        assert bridge.stats()["error"] == (f"subscription refused by the broker for"
+                                           f" {len(refused)} of {len(patterns)} topic patterns")
+        warned = [r.getMessage() for r in caplog.records if "refused" in r.getMessage()]
+        assert len(warned) == 1 and all(p in warned[0] for p in refused)
+        assert not any(p in warned[0] for p in patterns if p not in refused)
+        sensor = Client(broker.port, login=("hub", "hub-secret"))
+        sensor.publish("owntracks/alice/phone", owntracks(1.0, 2.0, time.time() - 10))
+        assert wait_for(lambda: bridge.stats()["stored"] == 1, 20), bridge.stats()
+    finally:
+        if sensor is not None:
+            sensor.close()
+        bridge.stop()
+        broker.remove()
+        shutil.rmtree(plugin_dir, ignore_errors=True)

@@ -283,7 +283,7 @@ def test_password_from_the_named_variable_connects(
     b = password_broker(broker)
     monkeypatch.setenv(PW_VAR, PASSWORD)
     bridge, store = bridges(b.port, username=USER, password_env=PW_VAR)
-    assert wait_for(lambda: bridge.connected, 20), bridge.stats()
+    assert wait_for(lambda: bridge.stats()["subscribed"], 20), bridge.stats()
     at = publish_fix(b.port, username=USER, password=PASSWORD)
     assert stored(store, at)
     assert bridge.stats()["error"] is None and bridge.stats()["stored"] == 1
@@ -335,7 +335,7 @@ def test_tls_with_the_brokers_ca_connects(
         bridges: Callable[..., Any]) -> None:
     b = broker(tls_listener(pki)).start()
     bridge, store = bridges(b.port, tls=True, ca_file=str(pki.ca))
-    assert wait_for(lambda: bridge.connected, 20), (bridge.stats(), b.text())
+    assert wait_for(lambda: bridge.stats()["subscribed"], 20), (bridge.stats(), b.text())
     at = publish_fix(b.port, ca=pki.ca)
     assert stored(store, at)
     assert bridge.stats()["error"] is None
@@ -393,7 +393,7 @@ def test_a_client_certificate_connects(
     b = broker(cert_listener(pki)).start()
     bridge, store = bridges(b.port, tls=True, ca_file=str(pki.ca),
                             cert_file=str(pki.client_cert), key_file=str(pki.client_key))
-    assert wait_for(lambda: bridge.connected, 20), (bridge.stats(), b.text())
+    assert wait_for(lambda: bridge.stats()["subscribed"], 20), (bridge.stats(), b.text())
     assert "u'reverie-bridge'" in b.text()  # the certificate's name is the user
     at = publish_fix(b.port, ca=pki.ca, cert=pki.client_cert, key=pki.client_key)
     assert stored(store, at)
