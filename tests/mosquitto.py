@@ -184,7 +184,7 @@ class Client:
                 if mid in self._granted:
                     return
             time.sleep(0.01)
-        raise AssertionError(f"no SUBACK for {pattern} within 10 s")
+        raise AssertionError(f"the broker did not grant {pattern} within 10 s")
 
     def _on_subscribe(self, client: mqtt.Client, userdata: object, mid: int,
                       reason_codes: list[mqtt.ReasonCode], properties: object) -> None:
