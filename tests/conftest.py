@@ -14,6 +14,7 @@ from runtime.clock import ManualClock
 from runtime.config import Settings, load_settings
 from runtime.embedder import Embedder, make_embedder
 from runtime.memory import Memory
+from tests.pki import Pki, made_pki
 
 # Every runtime a test starts serves HTTP on a free port, not the default 8765:
 # two runtimes may run at once (a module's and a test's own), and the machine's
@@ -92,6 +93,13 @@ def server() -> Iterator[FakeOpenAI]:
     runtime, in ``Mode.OK``; a module may define its own (a slow one, say)."""
     with FakeOpenAI() as fake:
         yield fake
+
+
+@pytest.fixture(scope="session")
+def pki() -> Iterator[Pki]:
+    """Certificates for the TLS tests (MQTT, IMAP, CalDAV/CardDAV, HTTPS)."""
+    with made_pki() as made:
+        yield made
 
 
 @pytest.fixture(scope="session")

@@ -13,13 +13,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +29,10 @@ from device.mqtt_bridge import Bridge
 from device.topics import TopicMap
 from runtime.config import Settings
 from tests.mosquitto import MOSQUITTO, free_port, persistence_dir, stop_process
+from tests.pki import Pki, hand_over
 from tests.test_mqtt_bridge import StoreSink, fixes, owntracks
 from tests.waiting import wait_for
 
-OPENSSL = shutil.which("openssl") or "/usr/bin/openssl"
 MOSQUITTO_PASSWD = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
 
 USER = "reverie"
@@ -42,107 +40,6 @@ PASSWORD = "Pw-right-7f2c9e41"      # distinctive: searched for in logs and stat
 WRONG = "Pw-wrong-0b83d5aa"
 PW_VAR = "RV_TEST_MQTT_PW"
 FIX_TOPIC = "owntracks/alice/phone"
-
-OPENSSL_CNF = """\
-[req]
-distinguished_name = dn
-prompt = no
-[dn]
-CN = unused
-[ca_ext]
-basicConstraints = critical,CA:TRUE
-keyUsage = critical,keyCertSign,cRLSign
-subjectKeyIdentifier = hash
-[server_ext]
-basicConstraints = critical,CA:FALSE
-keyUsage = critical,digitalSignature,keyEncipherment
-extendedKeyUsage = serverAuth
-subjectAltName = IP:127.0.0.1
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid
-[client_ext]
-basicConstraints = critical,CA:FALSE
-keyUsage = critical,digitalSignature,keyEncipherment
-extendedKeyUsage = clientAuth
-subjectKeyIdentifier = hash
-authorityKeyIdentifier = keyid
-"""
-
-
-# -- certificates ---------------------------------------------------------------
-
-
-def _hand_over(path: Path, private: bool = False) -> Path:
-    """Give a file to the owner of its directory (mosquitto, when we are root)."""
-    st = path.parent.stat()
-    if os.geteuid() == 0:
-        os.chown(path, st.st_uid, st.st_gid)
-    path.chmod(0o600 if private else 0o644)
-    return path
-
-
-@dataclass(frozen=True)
-class Pki:
-    dir: Path
-    ca: Path
-    server_cert: Path
-    server_key: Path
-    client_cert: Path
-    client_key: Path
-    other_ca: Path           # a CA of its own, that signed nothing the broker has
-    other_client_cert: Path  # signed by other_ca
-    other_client_key: Path
-
-
-class _OpenSsl:
-    def __init__(self, where: Path) -> None:
-        self.where = where
-        self.cnf = where / "openssl.cnf"
-        self.cnf.write_text(OPENSSL_CNF)
-        self.serial = 1000
-
-    def run(self, *args: str) -> None:
-        done = subprocess.run([OPENSSL, *args], cwd=self.where, capture_output=True,
-                              text=True, check=False)
-        assert done.returncode == 0, f"openssl {args[0]} failed: {done.stderr}"
-
-    def ca(self, name: str, cn: str) -> None:
-        self.run("req", "-config", str(self.cnf), "-x509", "-new", "-newkey", "ec",
-                 "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                 "-keyout", f"{name}.key", "-out", f"{name}.crt", "-days", "2",
-                 "-subj", f"/CN={cn}", "-extensions", "ca_ext")
-
-    def leaf(self, name: str, cn: str, ca: str, ext: str) -> None:
-        self.run("req", "-config", str(self.cnf), "-new", "-newkey", "ec",
-                 "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                 "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", f"/CN={cn}")
-        self.serial += 1
-        self.run("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.crt",
-                 "-CAkey", f"{ca}.key", "-set_serial", str(self.serial), "-days", "2",
-                 "-out", f"{name}.crt", "-extfile", str(self.cnf), "-extensions", ext)
-
-
-@pytest.fixture(scope="session")
-def pki() -> Iterator[Pki]:
-    assert Path(OPENSSL).exists(), "the openssl command line is needed"
-    where = persistence_dir()  # mosquitto's own: it reads the server's key from here
-    try:
-        ssl = _OpenSsl(where)
-        ssl.ca("ca", "Reverie test CA")
-        ssl.ca("other-ca", "Some other CA")
-        ssl.leaf("server", "127.0.0.1", "ca", "server_ext")
-        ssl.leaf("client", "reverie-bridge", "ca", "client_ext")
-        ssl.leaf("other-client", "reverie-bridge", "other-ca", "client_ext")
-        for crt in where.glob("*.crt"):
-            _hand_over(crt)
-        for key in where.glob("*.key"):
-            _hand_over(key, private=True)
-        yield Pki(where, where / "ca.crt", where / "server.crt", where / "server.key",
-                  where / "client.crt", where / "client.key", where / "other-ca.crt",
-                  where / "other-client.crt", where / "other-client.key")
-    finally:
-        shutil.rmtree(where, ignore_errors=True)
-
 
 # -- brokers and clients --------------------------------------------------------
 
@@ -162,7 +59,7 @@ class SecureBroker:
     def file(self, name: str, text: str = "") -> Path:
         path = self.home / name
         path.write_text(text)
-        return _hand_over(path, private=True)
+        return hand_over(path, private=True)
 
     def start(self) -> SecureBroker:
         with self.log.open("wb") as log:
@@ -271,7 +168,7 @@ def password_broker(make: Callable[[str], SecureBroker]) -> SecureBroker:
     done = subprocess.run([MOSQUITTO_PASSWD, "-b", "-c", str(passwd), USER, PASSWORD],
                           capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
-    _hand_over(passwd, private=True)
+    hand_over(passwd, private=True)
     b.conf.write_text(b.conf.read_text()
                       + f"allow_anonymous false\npassword_file {passwd}\n")
     return b.start()

@@ -11,6 +11,7 @@ import os
 import pwd
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,7 @@ from runtime.memory import Memory
 from runtime.store import Row
 from runtime.sync import items as sync_items
 from runtime.sync.connectors import describe, is_loopback
+from tests.pki import Pki
 from tests.waiting import wait_for
 
 T0 = 1_700_000_000.0  # Tuesday 14 November 2023, 22:13 UTC
@@ -99,13 +101,15 @@ class Radicale:
     """A Radicale server with htpasswd authentication, and a DAV client for the
     test's own setup (independent of the code under test)."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, tls: Pki | None = None) -> None:
         self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
+        self.base = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         (workdir / "users").write_text(f"{USER}:{GOOD}\n")
         conf = workdir / "radicale.conf"
         conf.write_text(
             f"[server]\nhosts = 127.0.0.1:{self.port}\n"
+            + (f"ssl = True\ncertificate = {tls.server_cert}\nkey = {tls.server_key}\n"
+               if tls else "") +
             f"[auth]\ntype = htpasswd\nhtpasswd_filename = {workdir / 'users'}\n"
             "htpasswd_encryption = plain\ndelay = 0\n"
             f"[storage]\nfilesystem_folder = {workdir / 'collections'}\n"
@@ -117,7 +121,9 @@ class Radicale:
         if not wait_for(lambda: listening(self.port) or self.proc.poll() is not None, 60):
             raise RuntimeError("radicale did not start")
         assert self.proc.poll() is None, (workdir / "radicale.log").read_text()
-        self.http = httpx.Client(base_url=self.base, auth=(USER, GOOD), timeout=30)
+        self.http = httpx.Client(base_url=self.base, auth=(USER, GOOD), timeout=30,
+                                 verify=ssl.create_default_context(cafile=tls.ca)
+                                 if tls else True)
         assert self.http.request("PROPFIND", f"/{USER}/", headers={"Depth": "0"}
                                  ).status_code == 207  # creates the principal
 
@@ -222,12 +228,14 @@ class Dovecot:
     """``dovecot -F`` with a temporary configuration, one passwd-file user and
     a maildir. Started as root, the mail user is ``nobody`` (Dovecot refuses
     uid 0), so the whole tree lives in a world-readable temporary directory
-    (pytest's are root-only)."""
+    (pytest's are root-only). With ``tls``, the IMAP port offers STARTTLS and
+    ``tls_port`` is IMAP over TLS (imaps)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: Pki | None = None) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="reverie-dovecot-"))
         self.root.chmod(0o755)
         self.port = free_port()
+        self.tls_port = free_port() if tls else 0
         self.maildir = self.root / "home" / USER / "Maildir"
         for folder in (self.maildir, self.maildir / ".Private", self.maildir / ".Receipts"):
             for sub in ("cur", "new", "tmp"):
@@ -247,7 +255,9 @@ class Dovecot:
         self.conf.write_text(
             f"base_dir = {self.root}/run\nstate_dir = {self.root}/state\n"
             f"log_path = {self.root}/dovecot.log\n"
-            "protocols = imap\nlisten = 127.0.0.1\nssl = no\n"
+            "protocols = imap\nlisten = 127.0.0.1\n"
+            + (f"ssl = yes\nssl_cert = <{tls.server_cert}\nssl_key = <{tls.server_key}\n"
+               if tls else "ssl = no\n") +
             "disable_plaintext_auth = no\nauth_mechanisms = plain login\n"
             "auth_failure_delay = 0\n" + users +
             f"first_valid_uid = {min(self.uid, 500)}\n"
@@ -258,7 +268,8 @@ class Dovecot:
             "mail_location = maildir:~/Maildir\n"
             "service imap-login {\n" + chroot +
             f"  inet_listener imap {{\n    address = 127.0.0.1\n    port = {self.port}\n  }}\n"
-            "  inet_listener imaps {\n    port = 0\n  }\n}\n")
+            f"  inet_listener imaps {{\n    address = 127.0.0.1\n    port = {self.tls_port}\n"
+            "  }\n}\n")
         self.count = 0
         self.proc: subprocess.Popen[bytes] | None = None
 

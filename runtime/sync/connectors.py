@@ -145,7 +145,7 @@ def classify(exc: BaseException) -> SyncError:
         return TimedOut("no answer in time")
     if isinstance(exc, ssl.SSLError | requests.exceptions.SSLError):
         return TLSFailed("the TLS handshake or the certificate check failed")
-    if isinstance(exc, httpx.ConnectError) and isinstance(exc.__cause__, ssl.SSLError):
+    if isinstance(exc, httpx.ConnectError) and _caused_by(exc, ssl.SSLError):
         return TLSFailed("the TLS handshake or the certificate check failed")
     if isinstance(exc, OSError | httpx.NetworkError | requests.ConnectionError):
         return Unreachable("could not reach the server")
@@ -160,6 +160,19 @@ def classify(exc: BaseException) -> SyncError:
     if isinstance(exc, httpx.HTTPError | requests.RequestException):
         return ProtocolError("the HTTP exchange failed")
     return SyncError("unexpected failure")
+
+
+def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:
+    """Whether ``kind`` is in the chain of causes below ``exc`` (httpx wraps
+    httpcore's error, which wraps the ssl module's)."""
+    seen: set[int] = set()
+    cause = exc.__cause__ or exc.__context__
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, kind):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
 
 
 def describe(exc: BaseException, secrets: Sequence[str | None] = ()) -> str:
