@@ -24,11 +24,14 @@ import ipaddress
 import logging
 import os
 import signal
+import stat
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 from typing import Any
 
 from actors.discovery import (
@@ -82,7 +85,7 @@ HUB_DASHBOARD_ENV: dict[str, str] = {
     "RAY_DASHBOARD_AGENT_CHECK_PARENT_INTERVAL_S": "2",
     "SCAN_EVENT_DIR_INTERVAL_SECONDS": "10",
 }
-EXIT_EXPOSED = 3  # refusing to run: exposed, or a replica that cannot be restored
+EXIT_EXPOSED = 3  # refusing to run: exposed, Ray's directory not private, or no replica
 
 # Read by ``ray._private.ray_constants`` when Ray is imported: with Ray's
 # cluster mode off, ``ray.init`` keeps a loopback node IP instead of swapping in
@@ -209,8 +212,34 @@ def prepare_node_auth(settings: Settings, address: str | None) -> str:
     return "token-file"
 
 
+def private_ray_dir() -> Path:
+    """Ray's temporary directory for our own node: ``<tmp>/reverie-<uid>/ray``.
+
+    Ray makes its directories world-writable (``/tmp/ray`` and every session
+    directory are 0777) and its logs world-readable; the actors' logs are
+    there, and the files naming the node's ports. Inside a 0700 directory of
+    our own no other local user reaches them. It stays under the system's
+    temporary directory, not the data dir: the path of Ray's Unix sockets
+    (``<session>/sockets/plasma_store``) must stay under 108 bytes.
+
+    Raises RuntimeError if the directory exists and is not ours (or is a
+    symbolic link): someone else could read or replace what Ray keeps there."""
+    base = Path(tempfile.gettempdir()) / f"reverie-{os.getuid()}"
+    try:
+        base.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(base)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+        raise RuntimeError(f"{base} exists and is not a directory of this user's")
+    if info.st_mode & 0o077:
+        os.chmod(base, 0o700)
+    return base / "ray"
+
+
 def ray_init_args(settings: Settings, address: str | None, verbose: bool) -> dict[str, Any]:
-    """The arguments of ``ray.init`` for ``reverie run``."""
+    """The arguments of ``ray.init`` for ``reverie run`` (our own node's temporary
+    directory is made here: :func:`private_ray_dir`)."""
     rt = settings.runtime
     args: dict[str, Any] = {"namespace": rt.namespace, "logging_level": logging.WARNING,
                             "log_to_driver": verbose}
@@ -224,7 +253,8 @@ def ray_init_args(settings: Settings, address: str | None, verbose: bool) -> dic
         address="local",  # never join a cluster named by RAY_ADDRESS or an earlier session
         num_cpus=rt.num_cpus, object_store_memory=rt.object_store_mb * 1024 * 1024,
         include_dashboard=rt.dashboard, dashboard_host=rt.dashboard_host,
-        dashboard_port=rt.dashboard_port, _node_ip_address=LOOPBACK)
+        dashboard_port=rt.dashboard_port, _node_ip_address=LOOPBACK,
+        _temp_dir=str(private_ray_dir()))
     return args
 
 
@@ -262,8 +292,13 @@ def run(settings: Settings, address: str | None = None, verbose: bool = False) -
     from actors import supervisor
 
     print("reverie: starting Ray…", file=sys.stderr, flush=True)
+    try:
+        init_args = ray_init_args(settings, address, verbose)
+    except RuntimeError as exc:  # Ray's directory is not private
+        print(f"reverie: refusing to start Ray: {exc}", file=sys.stderr)
+        return EXIT_EXPOSED
     with nullcontext() if address else hub_node(log_monitor=verbose):
-        ctx: Any = ray.init(**ray_init_args(settings, address, verbose))
+        ctx: Any = ray.init(**init_args)
     if not address and (wrong := exposed(ctx.address_info)):
         ray.shutdown()
         print(f"reverie: Ray bound the node to {', '.join(wrong)}, not loopback; refusing to"

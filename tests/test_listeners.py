@@ -30,7 +30,12 @@ from typing import Any
 
 import pytest
 
-from actors.node import HUB_DASHBOARD_ENV, HUB_SYSTEM_CONFIG, REPORTER_INTERVAL_MS
+from actors.node import (
+    HUB_DASHBOARD_ENV,
+    HUB_SYSTEM_CONFIG,
+    REPORTER_INTERVAL_MS,
+    private_ray_dir,
+)
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
 
@@ -172,6 +177,31 @@ def test_address_decoding() -> None:
     assert not is_loopback("::ffff:192.0.2.2")
 
 
+def test_rays_directory_is_made_private_and_a_foreign_one_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    base = tmp_path / f"reverie-{os.getuid()}"
+    assert private_ray_dir() == base / "ray"
+    assert base.stat().st_mode & 0o777 == 0o700
+    base.chmod(0o777)  # left open by hand: closed again
+    assert private_ray_dir() == base / "ray" and base.stat().st_mode & 0o777 == 0o700
+
+    base.rmdir()
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    base.symlink_to(elsewhere)  # a link planted by someone: not followed
+    with pytest.raises(RuntimeError, match="not a directory of this user's"):
+        private_ray_dir()
+    if os.geteuid() == 0:
+        base.unlink()
+        base.mkdir(mode=0o700)
+        os.chown(base, 65534, 65534)  # another user's (nobody)
+        with pytest.raises(RuntimeError, match="not a directory of this user's"):
+            private_ray_dir()
+
+
 @dataclass
 class Started:
     proc: subprocess.Popen[str]
@@ -256,6 +286,18 @@ def test_embedded_runtime_listens_on_loopback_only(embedded_runtime: Started) ->
 
     exposed = sorted(str(listener) for listener in found if not is_loopback(listener.address))
     assert not exposed, "listeners outside loopback:\n  " + "\n  ".join(exposed)
+
+
+def test_rays_files_are_out_of_other_users_reach(embedded_runtime: Started) -> None:
+    """Ray makes its session directory 0777 and its logs 0644: the node of
+    ``reverie run`` keeps them inside a 0700 directory of its user's."""
+    sessions = _session_dirs(process_tree(embedded_runtime.proc.pid))
+    assert sessions, "no Ray session directory on the runtime's command lines"
+    for session in sessions:
+        private = Path(session).parent.parent
+        assert private.name == f"reverie-{os.getuid()}", session
+        info = private.stat()
+        assert (info.st_uid, info.st_mode & 0o777) == (os.getuid(), 0o700), session
 
 
 def test_the_hub_node_runs_rays_chores_less_often(embedded_runtime: Started) -> None:
