@@ -50,6 +50,7 @@ WRONG = "pw-WRONG-0c7d2a17"
 PW_ENV = "REVERIE_TEST_SYNC_PASSWORD"
 BAD_PW_ENV = "REVERIE_TEST_SYNC_BAD_PASSWORD"
 DOVECOT = shutil.which("dovecot") or "/usr/sbin/dovecot"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def free_port() -> int:
@@ -101,7 +102,8 @@ class Radicale:
     """A Radicale server with htpasswd authentication, and a DAV client for the
     test's own setup (independent of the code under test)."""
 
-    def __init__(self, workdir: Path, tls: Pki | None = None) -> None:
+    def __init__(self, workdir: Path, tls: Pki | None = None,
+                 sync_collection: bool = True) -> None:
         self.port = free_port()
         self.base = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         (workdir / "users").write_text(f"{USER}:{GOOD}\n")
@@ -116,7 +118,11 @@ class Radicale:
             "[rights]\ntype = owner_only\n"
             "[logging]\nlevel = warning\n")
         self.log = (workdir / "radicale.log").open("wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "radicale", "-C", str(conf)],
+        # without sync-collection: Radicale's application behind a server that
+        # refuses that one REPORT (tests/radicale_without_sync.py)
+        command = (["-m", "radicale", "-C", str(conf)] if sync_collection else
+                   ["-m", "tests.radicale_without_sync", str(conf), str(self.port)])
+        self.proc = subprocess.Popen([sys.executable, *command], cwd=ROOT,
                                      stdout=self.log, stderr=subprocess.STDOUT)
         if not wait_for(lambda: listening(self.port) or self.proc.poll() is not None, 60):
             raise RuntimeError("radicale did not start")
@@ -619,6 +625,52 @@ def test_a_changed_item_updates_and_a_deleted_one_is_retired(
         state = get_state(h.memory.store, "sync", f"connector:{name}")
         assert all(t["token"] != "http://radicale.org/ns/sync/expired"
                    for t in state[collections].values())
+
+
+def test_a_server_without_sync_collection_is_listed_by_etag(
+        harness: Callable[..., Harness], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A server that refuses sync-collection: calendars and address books are
+    listed with PROPFIND (href and ETag), only what changed is fetched, and what
+    went is retired, as with sync tokens."""
+    caplog.set_level(logging.INFO, logger="runtime.sync.connectors")
+    (tmp_path / "radicale").mkdir()
+    server = Radicale(tmp_path / "radicale", sync_collection=False)
+    try:
+        calendar = server.calendar("old")
+        for name in ("dentist", "birthday"):
+            server.put_event(calendar, name, vcalendar(FAMILY_EVENTS[name]))
+        book = server.address_book("old-book")
+        server.put_card(book, "eve", vcard("eve-1@example.org", "Eve Costa",
+                                           "EMAIL:eve@a.example"))
+        h = harness(caldav_conf(server, "old", "old"), carddav_conf(server, "book", "old-book"))
+
+        first = h.run()
+        assert first.outcome == "ok", first.error
+        assert sorted(h.values("sync:old")) == [
+            "Dentist appointment: Monday 20 November 2023, 10:00 to 11:00, at Clinic.",
+            "Grandma's birthday: Saturday 25 November 2023 (all day)."]
+        assert [r["subject"] for r in h.facts("sync:book")] == ["Eve Costa"]
+        assert "no sync-collection" in caplog.text
+
+        before = h.counts()
+        assert h.run().outcome == "ok"
+        assert h.detail == ("old (caldav): 0 written, 0 removed, 0 unchanged;"
+                            " book (carddav): 0 written, 0 removed, 0 unchanged")
+        assert h.counts() == before
+
+        server.put_event(calendar, "dentist", vcalendar(vevent(
+            "dentist-1@example.org", "Dentist appointment", ":20231120T150000Z",
+            ":20231120T160000Z")))
+        server.delete(f"{calendar}birthday.ics")
+        h.clock.advance(3600)
+        assert h.run().outcome == "ok"
+        assert "old (caldav): 1 written (supersede 1), 1 removed" in h.detail
+        assert sorted(h.values("sync:old")) == [
+            "Dentist appointment: Monday 20 November 2023, 15:00 to 16:00.",
+            "Grandma's birthday: Saturday 25 November 2023 (all day) (removed from the"
+            " calendar)."]
+    finally:
+        server.close()
 
 
 def test_photos_are_dropped_and_a_card_too_large_to_download_is_skipped(

@@ -7,7 +7,8 @@ and a :class:`Sink` for the facts) and syncs what changed since its state:
 
 - **caldav** (the ``caldav`` library): the principal's calendars (or those
   named in ``collections``), each read with a sync-collection REPORT from its
-  sync token (RFC 6578; an expired token falls back to a full listing), the
+  sync token (RFC 6578; an expired token falls back to a full listing, a
+  server without sync-collection is listed by ETag with PROPFIND), the
   changed objects fetched with calendar-multiget, deleted ones retired;
 - **ical**: one iCalendar document over HTTP(S), fetched with a conditional
   GET (``If-None-Match``/``If-Modified-Since``: a 304 costs nothing);
@@ -17,7 +18,7 @@ and a :class:`Sink` for the facts) and syncs what changed since its state:
   each; a new UIDVALIDITY starts the folder over;
 - **carddav** (plain WebDAV over ``httpx``, vCards parsed by ``vobject``): the
   address books found from the URL (or those named in ``collections``), read
-  with sync-collection and addressbook-multiget like calendars.
+  with sync-collection (or PROPFIND) and addressbook-multiget like calendars.
 
 Calendar windows move: a recurring event, or one beyond the window, is fetched
 again once a day (when the household's date changes) so that its new
@@ -413,27 +414,12 @@ class CalDAVConnector:
                 run.save()
 
     def _calendar(self, run: ConnectorRun, calendar: Any, table: dict[str, Any]) -> None:
-        from caldav.elements import dav
-        from caldav.lib.error import DAVError
-
         resources = Resources(table["resources"], run, self.where)
-        token = table.get("token")
-        try:
-            listing = calendar.objects_by_sync_token(token, load_objects=False)
-            full = token is None
-        except DAVError:
-            if token is None:
-                raise
-            log.info("sync %s: the calendar's sync token is no longer valid; reading it all",
-                     run.settings.name)
-            listing = calendar.objects_by_sync_token(None, load_objects=False)
-            full = True
+        listing, token, full = self._changes(run, calendar, table.get("token"))
         seen: set[str] = set()
         todo: dict[str, str | None] = {}
-        for obj in listing:
-            href = _canon(obj.url)
+        for href, etag in listing:
             seen.add(href)
-            etag = obj.props.get(dav.GetEtag.tag)
             if etag is None:  # deleted since the token
                 resources.remove(href)
             elif resources.etag(href) != etag:
@@ -462,8 +448,44 @@ class CalDAVConnector:
                     continue
                 items, pending = _merge(parsed)
                 resources.update(href, items, todo[href], pending)
-        table["token"] = listing.sync_token
+        table["token"] = token
         table["window_day"] = run.window.day
+
+    def _changes(self, run: ConnectorRun, calendar: Any, token: str | None
+                 ) -> tuple[list[tuple[str, str | None]], str | None, bool]:
+        """What changed since ``token``: (href, ETag) pairs, None for an object
+        deleted since; the new token; and whether this is a full listing. An
+        expired token starts over; a server without sync-collection (RFC 6578)
+        is listed by ETag with PROPFIND."""
+        from caldav.elements import dav
+        from caldav.lib.error import DAVError
+
+        try:
+            found = calendar.objects_by_sync_token(token, load_objects=False)
+        except DAVError:
+            if token is not None:
+                log.info("sync %s: the calendar's sync token is no longer valid; reading"
+                         " it all", run.settings.name)
+                return self._changes(run, calendar, None)
+            log.info("sync %s: the server has no sync-collection; listing the calendar by"
+                     " ETag", run.settings.name)
+            return self._etags(calendar), None, True
+        listing = [(_canon(obj.url), obj.props.get(dav.GetEtag.tag)) for obj in found]
+        return listing, found.sync_token, token is None
+
+    def _etags(self, calendar: Any) -> list[tuple[str, str | None]]:
+        """Every object of the calendar with its ETag, from a Depth 1 PROPFIND
+        (an object the server gives no ETag is read every time)."""
+        from caldav.elements import dav
+
+        response = calendar.get_properties([dav.GetEtag()], depth=1, parse_response_xml=False)
+        own = _canon(calendar.url)
+        out: list[tuple[str, str | None]] = []
+        for href, props in response.expand_simple_props([dav.GetEtag()]).items():
+            url = _canon(calendar.url.join(href))
+            if url != own and not url.endswith("/"):  # not the calendar, nor a collection
+                out.append((url, props.get(dav.GetEtag.tag) or ""))
+        return out
 
     def _load(self, calendar: Any, hrefs: Sequence[str]) -> dict[str, str | None]:
         """The objects' iCalendar texts (None: gone), by calendar-multiget, or one
