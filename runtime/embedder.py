@@ -52,6 +52,13 @@ log = logging.getLogger(__name__)
 DEFAULT_KIND = "onnx-minilm"
 MINILM_NAME = "all-MiniLM-L6-v2/fp32"
 MINILM_DIM = 384
+#: onnxruntime's own opt-out of its usage telemetry. From 1.32 on Linux it sends
+#: Microsoft events (a device id, the OS, the process name, the network type)
+#: from every process that loads it, and queues them while offline in
+#: ``~/.cache/Microsoft/DeveloperTools/.onnxruntime``. A household's memory hub
+#: does not phone home: the switch is set (unless the user set it) before the
+#: library loads, which is when it is read.
+TELEMETRY_SWITCH = "ORT_DISABLE_TELEMETRY"
 #: Cached exports are named ``<prefix><key>.onnx``.
 CACHE_PREFIX = "all-MiniLM-L6-v2-fp32-"
 
@@ -320,6 +327,7 @@ class OnnxMiniLMEmbedder:
                     log.warning("cannot remove stale exported model %s: %s", old, exc)
 
     def _open(self, path: Path) -> onnxruntime.InferenceSession:
+        os.environ.setdefault(TELEMETRY_SWITCH, "1")  # before onnxruntime loads: see above
         import onnxruntime as ort
 
         opts = ort.SessionOptions()

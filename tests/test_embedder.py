@@ -330,3 +330,34 @@ def test_query_cache_skips_the_model_for_a_question_asked_again(
     assert model.texts == 5 and cache.hits == 2
     cache.embed(["a"])
     assert model.texts == 5 and cache.hits == 3
+
+
+# Variables by which onnxruntime itself turns its telemetry off (a CI runner's,
+# its own test harness's, the user's switch): cleared, so that only ours acts.
+ORT_QUIET_ENV = ("CI", "APPVEYOR", "BUILDKITE", "CIRCLECI", "GITHUB_ACTIONS", "GITLAB_CI",
+                 "JENKINS_URL", "TEAMCITY_VERSION", "TF_BUILD", "TRAVIS",
+                 "ORT_RUNNING_UNIT_TESTS", "ORT_DISABLE_TELEMETRY")
+
+
+def test_onnxruntime_telemetry_is_off_and_leaves_nothing_in_home(
+        tmp_path: Path, model_cache: Path) -> None:
+    """A process that embeds with the real model neither starts onnxruntime's
+    telemetry nor writes its device id and event queue under the home directory."""
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ORT_QUIET_ENV
+           and k != "XDG_CACHE_HOME"}
+    script = ("import sys\n"
+              "from runtime.config import EmbedderSettings\n"
+              "from runtime.embedder import make_embedder\n"
+              "e = make_embedder(EmbedderSettings(cache_dir=sys.argv[1]))\n"
+              "print(len(e.embed(['the kettle is on'])[0]))\n")
+    done = subprocess.run([sys.executable, "-c", script, str(model_cache)],
+                          env={**env, "HOME": str(home)}, capture_output=True, text=True,
+                          timeout=300, cwd=Path(__file__).resolve().parent.parent)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "384"
+    assert sorted(str(p.relative_to(home)) for p in home.rglob("*")) == []

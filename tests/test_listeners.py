@@ -420,7 +420,7 @@ def test_dashboard_answers_the_admin_with_only_the_modules_a_hub_uses(
     token = (embedded_runtime.data_dir / "ray-auth-token").read_text().strip()
     url = f"http://127.0.0.1:{port}/api/v0/actors?limit=100"
 
-    def get(headers: dict[str, str]) -> tuple[int, Any]:
+    def get(url: str, headers: dict[str, str]) -> tuple[int, Any]:
         try:
             with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
                                         timeout=CLIENT_TIMEOUT_S) as r:
@@ -428,9 +428,14 @@ def test_dashboard_answers_the_admin_with_only_the_modules_a_hub_uses(
         except urllib.error.HTTPError as exc:
             return exc.code, None
 
-    assert get({})[0] == 401
-    status, body = get({"Authorization": f"Bearer {token}"})
+    assert get(url, {})[0] == 401
+    status, body = get(url, {"Authorization": f"Bearer {token}"})
     assert status == 200
+    # Ray's hourly usage report to usage-stats.ray.io is off: ray.init turns it
+    # off on a release wheel (RAY_USAGE_STATS_ENABLED=0), which this watches
+    status, usage = get(f"http://127.0.0.1:{port}/usage_stats_enabled",
+                        {"Authorization": f"Bearer {token}"})
+    assert status == 200 and usage["data"]["usageStatsEnabled"] is False, usage
     classes = {a.get("class_name") for a in body["data"]["result"]["result"]}
     assert {"TranscriptActor", "RecallActor", "TurnsActor", "HttpActor"} <= classes
     names = []
