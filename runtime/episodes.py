@@ -18,7 +18,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from runtime import levels, privacy
+from runtime import derived, levels, privacy
 from runtime.decay import MemoryLevel, tombstone_expired
 from runtime.duplicates import DuplicateCheck, NearDuplicate
 from runtime.profiles import MemoryProfiles
@@ -167,8 +167,14 @@ class EpisodeService:
     def forget(self, episode_id: int, writer: str = WRITER) -> Row | None:
         """Delete an episode for good, content scrubbed from the write log; return
         it, or None if there was none. Its citations go with it (they hold only
-        ids); episodes it rolled up lose their parent and stay tombstoned."""
-        return self.store.forget(writer, "episodes", episode_id)
+        ids); episodes it rolled up lose their parent and stay tombstoned. The
+        portrait versions and digests citing it are forgotten with it
+        (:mod:`runtime.derived`)."""
+        with self.store.write_transaction():
+            gone = self.store.forget(writer, "episodes", episode_id)
+            if gone is not None:
+                derived.forget_citing(self.store, f"episode:{episode_id}", writer)
+            return gone
 
     def citations(self, episode_id: int) -> list[int]:
         return [r[0] for r in self.store.conn.execute(

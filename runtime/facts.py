@@ -36,7 +36,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from runtime import levels, privacy
+from runtime import derived, levels, privacy
 from runtime.decay import MemoryLevel
 from runtime.duplicates import DuplicateCheck
 from runtime.episodes import MutedSource
@@ -252,11 +252,15 @@ class GraphService:
         """Remove a fact for good (explicit user delete): the row goes, and the
         write log keeps only that it existed (:meth:`Store.forget`). Facts it
         superseded keep their closed windows; none is reopened, since deleting a
-        claim does not make an older one true again."""
+        claim does not make an older one true again. The portrait versions citing
+        it are forgotten with it (:mod:`runtime.derived`)."""
         with self.store.write_transaction():
             for row in self.store.rows(
                     "SELECT id FROM facts WHERE superseded_by = ?", (fact_id,)):
                 self.store.update(writer, "facts", row["id"], {"superseded_by": None})
-            return self.store.forget(writer, "facts", fact_id)
+            gone = self.store.forget(writer, "facts", fact_id)
+            if gone is not None:  # the portrait versions made from it go too
+                derived.forget_citing(self.store, f"fact:{fact_id}", writer)
+            return gone
 
     delete = forget

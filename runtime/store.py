@@ -323,14 +323,7 @@ class Store:
             before = self._take(table, row_id)
             if before is None:
                 return None
-            gone = json.dumps({"id": row_id, "forgotten": True})
-            self.conn.execute(
-                "UPDATE write_log SET"
-                " before = CASE WHEN before IS NULL THEN NULL ELSE ? END,"
-                " after = CASE WHEN after IS NULL THEN NULL ELSE ? END"
-                " WHERE table_name = ? AND row_id = ?",
-                (gone, gone, table, row_id),
-            )
+            self.forget_history(table, row_id)
             self._log(writer, "delete", table, row_id, {"id": row_id, "forgotten": True},
                       None)
             fts = FTS_OF.get(table)
@@ -338,6 +331,22 @@ class Store:
                 self.conn.execute(f"INSERT INTO {fts} ({fts}) VALUES ('optimize')")
         log.info("row forgotten", extra={"table": table, "row_id": row_id})
         return before
+
+    def forget_history(self, table: str, row_id: int) -> None:
+        """Replace the content of every write-log entry of the row ``row_id`` of
+        ``table`` with the marker ``{"id": row_id, "forgotten": true}`` (the one
+        change to the log its trigger allows). :meth:`forget` does it for a row
+        it deletes; :mod:`runtime.derived` for a row deleted earlier whose
+        content the log still holds."""
+        gone = json.dumps({"id": row_id, "forgotten": True})
+        with self.write_transaction():
+            self.conn.execute(
+                "UPDATE write_log SET"
+                " before = CASE WHEN before IS NULL THEN NULL ELSE ? END,"
+                " after = CASE WHEN after IS NULL THEN NULL ELSE ? END"
+                " WHERE table_name = ? AND row_id = ?",
+                (gone, gone, table, row_id),
+            )
 
     def _take(self, table: str, row_id: int) -> Row | None:
         """Inside a write transaction: delete the row ``row_id`` of ``table``
