@@ -167,6 +167,15 @@ class ProviderSettings(_Section):
     # The NAME of the environment variable holding the API key; never the key itself.
     api_key_env: str | None = Field(default=None, pattern=r"^([A-Za-z_][A-Za-z0-9_]*)?$")
     timeout_s: float = Field(default=30.0, gt=0, le=600)
+    # A CA bundle for an https endpoint whose certificate the system does not
+    # trust (a server on the LAN with its own CA); the system's CAs otherwise.
+    ca_file: Path | None = None
+
+    @model_validator(mode="after")
+    def _https_for_ca(self) -> ProviderSettings:
+        if self.ca_file is not None and not self.base_url.startswith("https://"):
+            raise ValueError("ca_file is set but base_url is not https://")
+        return self
 
 
 class LLMSettings(_Section):

@@ -38,6 +38,7 @@ import json
 import logging
 import os
 import re
+import ssl
 import threading
 import urllib.error
 import urllib.request
@@ -266,6 +267,14 @@ class OpenAICompatibleProvider:
         self._shown_url = f"{parts.scheme}://{self._where}{parts.path}"
         self._api_key_env = settings.api_key_env or None
         self._timeout_s = settings.timeout_s
+        self._tls: ssl.SSLContext | None = None  # None: the system's CAs
+        if settings.ca_file is not None:
+            try:
+                self._tls = ssl.create_default_context(cafile=str(settings.ca_file.expanduser()))
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(f"llm.providers: {settings.name}: ca_file "
+                                  f"{settings.ca_file} cannot be read as certificates "
+                                  f"({type(exc).__name__})") from None
         self._default_max_tokens = default_max_tokens
         self._default_temperature = default_temperature
 
@@ -394,7 +403,10 @@ class OpenAICompatibleProvider:
 
     def _open(self, req: urllib.request.Request, key: str | None) -> Any:
         """Send ``req``; the open response, or :class:`LLMError`."""
-        opener = urllib.request.build_opener(_NoRedirect())
+        handlers: list[urllib.request.BaseHandler] = [_NoRedirect()]
+        if self._tls is not None:
+            handlers.append(urllib.request.HTTPSHandler(context=self._tls))
+        opener = urllib.request.build_opener(*handlers)
         try:
             return opener.open(req, timeout=self._timeout_s)
         except urllib.error.HTTPError as exc:

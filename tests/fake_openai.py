@@ -50,6 +50,7 @@ then waits until :meth:`FakeOpenAI.release` of the same marker.
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -263,8 +264,10 @@ def _completion(body: Any, content: str | None) -> dict[str, Any]:
 class FakeOpenAI:
     """A real HTTP server speaking the OpenAI chat-completions API on 127.0.0.1."""
 
-    def __init__(self, mode: Mode = Mode.OK, slow_s: float = 2.0) -> None:
+    def __init__(self, mode: Mode = Mode.OK, slow_s: float = 2.0,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.mode = mode
+        self.tls = tls  # a server context: https instead of http
         self.slow_s = slow_s
         self._requests: list[RecordedRequest] = []
         self.replies: list[str] = []  # scripted contents, taken oldest first in Mode.OK
@@ -281,6 +284,8 @@ class FakeOpenAI:
 
     def start(self) -> FakeOpenAI:
         server = _Server(("127.0.0.1", 0), _Handler)
+        if self.tls is not None:  # a failed handshake is an OSError serve_forever drops
+            server.socket = self.tls.wrap_socket(server.socket, server_side=True)
         server.fake = self
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever,
@@ -372,7 +377,7 @@ class FakeOpenAI:
     @property
     def base_url(self) -> str:
         """What goes in ``ProviderSettings.base_url``."""
-        return f"http://127.0.0.1:{self.port}/v1"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/v1"
 
     @property
     def requests(self) -> list[RecordedRequest]:

@@ -6,14 +6,17 @@ import json
 import logging
 import pickle
 import socket
+import ssl
 import threading
 import traceback
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import pytest
 from fake_openai import FakeOpenAI, Mode, fake_openai_fixture  # noqa: F401
+from pydantic import ValidationError
 
 from runtime.config import ConfigError, LLMSettings, ProviderSettings, load_settings
 from runtime.llm import (
@@ -29,6 +32,7 @@ from runtime.llm import (
     OpenAICompatibleProvider,
     make_llm,
 )
+from tests.pki import Pki
 
 KEY_ENV = "REVERIE_TEST_LLM_KEY"
 KEY = "sk-test-0123456789abcdefSECRET"
@@ -190,6 +194,50 @@ def test_unknown_path_is_an_http_status_error(fake_openai: FakeOpenAI) -> None:
     with pytest.raises(LLMError) as info:
         http_provider(wrong).complete(REQUEST)
     assert (info.value.kind, info.value.status) == (LLMErrorKind.HTTP_STATUS, 404)
+
+
+@pytest.fixture
+def https_openai(pki: Pki) -> Iterator[FakeOpenAI]:
+    """The fake endpoint over https, its certificate from the test CA."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(pki.server_cert, pki.server_key)
+    with FakeOpenAI(tls=context) as server:
+        yield server
+
+
+def test_https_endpoint_trusted_through_its_ca_file(https_openai: FakeOpenAI,
+                                                    pki: Pki) -> None:
+    assert https_openai.base_url.startswith("https://")
+    https_openai.replies.append("Ana is a nurse.")
+    provider = OpenAICompatibleProvider(
+        ProviderSettings(name="lan", base_url=https_openai.base_url, model="m",
+                         ca_file=pki.ca), default_max_tokens=64, default_temperature=0.2)
+    assert provider.complete(REQUEST).text == "Ana is a nurse."
+
+
+@pytest.mark.parametrize("trust", ["system", "another CA"])
+def test_https_endpoint_not_trusted_is_a_connection_error(
+        https_openai: FakeOpenAI, pki: Pki, trust: str) -> None:
+    ca = {"system": None, "another CA": pki.other_ca}[trust]
+    provider = OpenAICompatibleProvider(
+        ProviderSettings(name="lan", base_url=https_openai.base_url, model="m", ca_file=ca),
+        default_max_tokens=64, default_temperature=0.2)
+    with pytest.raises(LLMError) as info:
+        provider.complete(REQUEST)
+    assert info.value.kind is LLMErrorKind.CONNECTION
+    assert "CERTIFICATE_VERIFY_FAILED" in str(info.value)
+    assert https_openai.requests == []  # nothing was sent
+
+
+def test_a_ca_file_needs_https_and_a_readable_file(tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="ca_file is set but base_url is not https"):
+        ProviderSettings(name="lan", base_url="http://192.0.2.1/v1", model="m",
+                         ca_file=tmp_path / "ca.pem")
+    with pytest.raises(ConfigError, match=r"lan: ca_file .* cannot be read"):
+        OpenAICompatibleProvider(
+            ProviderSettings(name="lan", base_url="https://192.0.2.1/v1", model="m",
+                             ca_file=tmp_path / "missing.pem"),
+            default_max_tokens=64, default_temperature=0.2)
 
 
 # --------------------------------------------------------------------------- offline
