@@ -36,6 +36,7 @@ from tests.test_sync import (
     vcard,
     vevent,
 )
+from tests.waiting import wait_for
 
 # test_sync's fixtures: its clock (T0), the job harness, the passwords' variables
 clock = test_sync.clock
@@ -145,6 +146,8 @@ def test_imaps_trusts_the_ca_file_and_logs_in_over_tls(
 
     assert run.outcome == "ok", run.error
     assert len(h.values("sync:box")) == 1 and "Lunch on Friday" in h.values("sync:box")[0]
+    # Dovecot's log process writes the line: waited for, not assumed
+    assert wait_for(lambda: len(logins(dovecot_tls)) > before, 20)
     new = logins(dovecot_tls)[before:]
     assert len(new) == 1 and f"user=<{USER}>" in new[0] and ", TLS," in new[0], new
 
@@ -179,6 +182,7 @@ def test_plain_imap_to_another_host_upgrades_with_starttls(
 
     assert run.outcome == "ok", run.error
     assert len(h.values("sync:box")) == 1
+    assert wait_for(lambda: len(logins(dovecot_tls)) > before, 20)
     new = logins(dovecot_tls)[before:]
     assert len(new) == 1 and ", TLS," in new[0], new  # the login went over STARTTLS
 
