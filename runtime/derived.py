@@ -1,4 +1,4 @@
-"""Summaries written from memories, forgotten with them.
+"""What is written from a memory, forgotten with it.
 
 The portrait's versions (:mod:`runtime.portrait`) and the digests
 (:mod:`runtime.digests`) are text written from facts and episodes, and each
@@ -11,13 +11,19 @@ digests already pruned after their roll-up, whose text the log still held.
 The latest portrait version is replaced at once by one without the forgotten
 memory's lines; the next synthesis run writes the rest from what remains.
 
+The reflection (:mod:`runtime.dmn`) quotes the episodes and facts its
+findings rest on, word for word, in facts that recall returns and in an
+episode that tells them. Those are forgotten with their source too, and what
+cites them in turn.
+
 :func:`forget_citing` is called by the services that forget facts
 (:class:`runtime.facts.GraphService`) and episodes
 (:class:`runtime.episodes.EpisodeService`), inside their write transaction:
 a cascade, like the schema's own ``ON DELETE CASCADE``. So forgetting an
-episode writes two tables the Graph actor otherwise writes alone; SQLite
-serialises the writers, and both tables are append-and-forget (nothing
-caches a row across a write).
+episode may write tables the Graph actor otherwise writes alone, and
+forgetting a fact the episodes table; SQLite serialises the writers. The
+vectors of cascaded facts and episodes stay in the index until its next
+compaction: recall joins every hit against the rows, so none is returned.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from runtime.job_state import get_state, set_state
 from runtime.store import Store
 
 if TYPE_CHECKING:
@@ -42,6 +49,12 @@ _REFS = {
     "digests": "SELECT r.value AS ref FROM json_each({refs}) r",
 }
 _COLUMN = {"portraits": "lines", "digests": "refs"}
+#: The reflection (runtime.dmn): the source of its findings and episodes, and
+#: the job-state key of the findings it has not told in an episode yet.
+REFLECTION = "dmn"
+UNTOLD = "unsummarised"
+#: A finding is matched in a ``dmn`` episode's gist on its first characters.
+QUOTED = 80
 
 
 def citing(store: Store, table: str, ref: str) -> tuple[list[int], list[int]]:
@@ -63,28 +76,77 @@ def citing(store: Store, table: str, ref: str) -> tuple[list[int], list[int]]:
 
 
 def forget_citing(store: Store, ref: str, writer: str) -> int:
-    """Forget every portrait version and digest citing ``ref`` (a fact or an
-    episode just forgotten), with their write-log content; return how many.
+    """Forget everything written from ``ref`` (a fact or an episode just
+    forgotten), with its write-log content; return how many rows went.
 
-    When the latest portrait version goes, a new one takes its place with its
-    other lines: what the prompt shows is what it showed a moment before (the
-    read-time filter had already dropped the forgotten memory's lines), not
-    nothing until the next synthesis run."""
+    - The portrait versions and digests citing it. When the latest portrait
+      version goes, a new one takes its place with its other lines: the prompt
+      shows what it showed a moment before (the read-time filter had already
+      dropped the forgotten memory's lines), not nothing until the next
+      synthesis run.
+    - The reflection's findings citing it (facts of source ``dmn``, which quote
+      the episodes and facts they rest on), the ``dmn`` episodes telling them,
+      and the told-later list in the reflection's state. What goes is followed
+      in turn: a digest citing a ``dmn`` episode goes too."""
     forgotten = 0
+    todo, done = [ref], set()
     with store.write_transaction():
-        replacement = _latest_without(store, ref)
-        for table in _REFS:
-            live, gone = citing(store, table, ref)
-            for row_id in live:
-                store.forget(writer, table, row_id)
-            for row_id in gone:
-                store.forget_history(table, row_id)
-            forgotten += len(live) + len(gone)
-        if replacement is not None:
-            _portraits(store).add(replacement, writer)
+        while todo:
+            ref = todo.pop()
+            if ref in done:
+                continue
+            done.add(ref)
+            replacement = _latest_without(store, ref)
+            for table in _REFS:
+                live, gone = citing(store, table, ref)
+                for row_id in live:
+                    store.forget(writer, table, row_id)
+                for row_id in gone:
+                    store.forget_history(table, row_id)
+                forgotten += len(live) + len(gone)
+            if replacement is not None:
+                _portraits(store).add(replacement, writer)
+            findings = _findings_citing(store, ref)
+            for fact_id in findings:
+                _forget_finding(store, fact_id, writer)
+                todo.append(f"fact:{fact_id}")
+            told = _telling(store, list(findings.values()))
+            for episode_id in told:
+                store.forget(writer, "episodes", episode_id)
+                todo.append(f"episode:{episode_id}")
+            forgotten += len(findings) + len(told)
     if forgotten:
-        log.info("forgot %d summaries made from a forgotten memory", forgotten)
+        log.info("forgot %d memories and summaries made from a forgotten memory", forgotten)
     return forgotten
+
+
+def _findings_citing(store: Store, ref: str) -> dict[int, str]:
+    """The reflection's findings whose provenance names ``ref``: id -> text."""
+    return {int(r["id"]): str(r["value"]) for r in store.rows(
+        "SELECT id, value FROM facts f WHERE source = ? AND EXISTS ("
+        " SELECT 1 FROM json_each(f.provenance) j WHERE j.value = ?) ORDER BY id",
+        (REFLECTION, ref))}
+
+
+def _forget_finding(store: Store, fact_id: int, writer: str) -> None:
+    for row in store.rows("SELECT id FROM facts WHERE superseded_by = ?", (fact_id,)):
+        store.update(writer, "facts", row["id"], {"superseded_by": None})
+    store.forget(writer, "facts", fact_id)
+
+
+def _telling(store: Store, texts: list[str]) -> list[int]:
+    """The ``dmn`` episodes quoting one of these findings (a gist joins them,
+    clipped at its end: matched on each one's start), and the findings out of
+    the reflection's list of those not told yet."""
+    ids: set[int] = set()
+    for text in texts:
+        ids.update(int(r[0]) for r in store.conn.execute(
+            "SELECT id FROM episodes WHERE source = ? AND instr(gist, ?) > 0",
+            (REFLECTION, text[:QUOTED])))
+    untold = get_state(store, REFLECTION, UNTOLD)
+    if isinstance(untold, list) and any(t in untold for t in texts):
+        set_state(store, REFLECTION, UNTOLD, [t for t in untold if t not in texts])
+    return sorted(ids)
 
 
 def _latest_without(store: Store, ref: str) -> PortraitIn | None:

@@ -286,3 +286,35 @@ def test_an_invalid_model_falls_back_to_the_offline_findings(
     result = reflect(ctx_for(home, clock, llm=llm_for(fake_openai)))
     assert "(offline)" in result.detail and result.items > 1
     assert all(not r["value"].startswith("x?") for r in findings(home))
+
+
+def test_forgetting_an_episode_forgets_the_findings_quoting_it(home: Memory,
+                                                              clock: ManualClock) -> None:
+    """The reflection quotes episodes word for word, in facts recall returns and
+    in the episode telling them: forgetting the episode forgets those too."""
+    ids = seed(home, clock)
+    run(ctx_for(home, clock))
+    quoting = [r for r in findings(home) if "swarmed" in r["value"]]
+    assert len(quoting) == 1  # the connection: "The bees swarmed out..." echoes...
+    told = home.store.rows("SELECT id, gist FROM episodes WHERE source = 'dmn'")
+    assert len(told) == 1 and "swarmed" in told[0]["gist"]
+    others = [r["id"] for r in findings(home) if r["id"] != quoting[0]["id"]]
+
+    home.change(Ref("episode", ids["bees_now"]), "delete", "user")
+
+    assert [r["id"] for r in findings(home)] == others  # the rest stay
+    assert home.store.scalar("SELECT count(*) FROM episodes WHERE source = 'dmn'") == 0
+    dump = json.dumps([list(r) for r in home.store.conn.execute(
+        "SELECT before, after FROM write_log WHERE table_name IN ('facts', 'episodes')")])
+    assert "swarmed" not in dump  # nor in the write log
+    texts = [t for (t,) in home.store.conn.execute(
+        "SELECT value FROM facts UNION ALL SELECT gist FROM episodes")]
+    assert not [t for t in texts if "swarmed" in t]
+    # recall finds the turn itself (not forgotten), no memory written from it
+    recalled = home.recall("the bees swarmed out of the hive").items
+    assert any(i.kind == "turn" and "swarmed" in i.text for i in recalled)
+    assert not [i.ref for i in recalled if i.kind != "turn" and "swarmed" in i.text]
+    # the next pass does not write it again
+    clock.advance(DAY)
+    run(ctx_for(home, clock))
+    assert not [r for r in findings(home) if "swarmed" in r["value"]]

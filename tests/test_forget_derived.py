@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 
+from runtime import derived, dmn
 from runtime.digests import DigestBatch, DigestIn
 from runtime.episodes import EpisodeIn
 from runtime.facts import FactIn
+from runtime.job_state import get_state, set_state
 from runtime.memory import Memory
 from runtime.portrait import PortraitIn, PortraitLine
 from runtime.refs import Ref
@@ -128,3 +130,21 @@ def test_the_latest_portrait_is_replaced_by_its_other_lines(memory: Memory) -> N
     assert [(x["text"], x["refs"]) for x in json.loads(row["lines"])] == [
         ("Caroline grows tomatoes", [f"fact:{garden}"])]
     assert SECRET not in log_text(memory, "portraits")
+
+
+def test_a_finding_not_told_yet_leaves_the_reflections_list(memory: Memory) -> None:
+    """A reflection that stopped after writing a finding and before telling it
+    (the next pass tells it) has it in its state: forgetting takes it out."""
+    private = an_episode(memory, SECRET)
+    finding = f"worth following up: {SECRET}"
+    fact_id, _ = memory.add_fact(FactIn(
+        kind="reflection", subject="user", key="dmn_follow_up_x", value=finding,
+        confidence=0.6, source="dmn", provenance=[f"episode:{private}", "rule:dmn"]))
+    set_state(memory.store, "dmn", "unsummarised", [finding, "a finding about tomatoes"])
+
+    memory.change(Ref("episode", private), "delete")
+
+    assert memory.store.row("SELECT id FROM facts WHERE id = ?", (fact_id,)) is None
+    assert get_state(memory.store, "dmn", "unsummarised") == ["a finding about tomatoes"]
+    assert SECRET not in log_text(memory, "facts")
+    assert derived.REFLECTION == dmn.SOURCE  # the names runtime.dmn writes under
