@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: Per table, the refs of a row as SQL over ``src`` (the row's JSON text: the
-#: live row, or a write-log snapshot of it): one ``ref`` per output row.
+#: Per table, SQL listing the refs a row cites (``r.value``), over its column
+#: named in braces: the live column, or the column in a write-log snapshot.
 _REFS = {
     # lines: [{"section", "text", "refs": [...]}]
     "portraits": "SELECT r.value AS ref FROM json_each({lines}) l,"
