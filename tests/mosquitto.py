@@ -32,7 +32,7 @@ def free_port() -> int:
 
 class Broker:
     """``mosquitto -c`` with persistence in ``workdir``; start, kill and start again
-    (``extra_conf``: more configuration lines, e.g. an ``acl_file``)."""
+    (``extra_conf``: more configuration lines, e.g. :func:`dynsec_conf`'s)."""
 
     def __init__(self, workdir: Path, port: int | None = None, extra_conf: str = "") -> None:
         self.workdir = workdir
