@@ -7,7 +7,8 @@ by cascade: a turn's tool calls, an episode's citations), is dropped once the
 delete is :data:`runtime.decay.WRITE_LOG_RETENTION_DAYS` old
 (:func:`runtime.decay.write_log_expired`). The history of facts and
 compactions is kept, and so is the content-free trace of a row the user forgot
-(:meth:`runtime.store.Store.forget` promises it).
+(:meth:`runtime.store.Store.forget` promises it). The newest entry of the log
+is never dropped, so that its ids only grow.
 
 Each owner of a pruned table expires its own tables' history: the Transcript
 actor :data:`TRANSCRIPT_HISTORY`, the Episodes actor :data:`EPISODE_HISTORY`;
@@ -81,20 +82,25 @@ def _drop(store: Store, table: str, cascades: tuple[tuple[str, str | None], ...]
         if not gone:
             return 0
         marks = ", ".join("?" for _ in gone)
+        # The newest entry stays, whatever it is: write_log.id has no
+        # AUTOINCREMENT, so freeing the largest ids would let SQLite hand them
+        # out again, and backups read "the entries after the replica's last id".
+        # The next run drops it, once a later write is the newest.
+        below = int(store.scalar("SELECT coalesce(max(id), 0) FROM write_log"))
         total = 0
         store.conn.execute(
-            f"DELETE FROM write_log WHERE table_name = ? AND row_id IN ({marks})",
-            [table, *gone])
+            f"DELETE FROM write_log WHERE id < ? AND table_name = ? AND row_id IN ({marks})",
+            [below, table, *gone])
         total += store.conn.changes()
         for child, path in cascades:
             if path is None:
                 store.conn.execute(
-                    f"DELETE FROM write_log WHERE table_name = ? AND row_id IN ({marks})",
-                    [child, *gone])
+                    f"DELETE FROM write_log WHERE id < ? AND table_name = ?"
+                    f" AND row_id IN ({marks})", [below, child, *gone])
             else:
                 store.conn.execute(
-                    f"DELETE FROM write_log WHERE table_name = ?"
+                    f"DELETE FROM write_log WHERE id < ? AND table_name = ?"
                     f" AND json_extract(coalesce(after, before), '{path}') IN ({marks})",
-                    [child, *gone])
+                    [below, child, *gone])
             total += store.conn.changes()
         return total

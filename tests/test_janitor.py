@@ -122,6 +122,8 @@ def test_write_log_keeps_fact_history_and_drops_pruned_rows_after_retention(
     assert _log_rows(memory, "transcript", pruned) == 2  # one day short of retention
 
     clock.advance(2 * DAY)
+    # a later write: the log's newest entry, which never expires, is not theirs
+    memory.add_turn(TurnIn(channel="chat", source="user", content="Later."))
     before = int(memory.store.scalar("SELECT count(*) FROM write_log"))
     result = _run(memory, settings, clock)
     after = int(memory.store.scalar("SELECT count(*) FROM write_log"))
@@ -165,3 +167,22 @@ def test_the_janitor_only_reads_its_connection_and_deletes_through_the_writer_at
                                 " WHERE op = 'delete' ORDER BY id")
     assert [(d["table_name"], d["writer"], d["at"]) for d in deletes] == [
         ("episodes", "janitor", clock.now()), ("transcript", "janitor", clock.now())]
+
+
+def test_write_log_ids_never_go_back_when_the_newest_rows_expire(
+        memory: Memory, clock: ManualClock) -> None:
+    """A hub left quiet past retention after its last writes (pruning deletes):
+    the expiry would free the newest ids, and SQLite would hand them out again
+    (write_log.id has no AUTOINCREMENT). Backup checks read "the rows after the
+    replica's last id", so ids must only grow: the newest row is never expired."""
+    from runtime.write_log_retention import expire_write_log
+
+    turn = memory.add_turn(TurnIn(channel="voice", source="user", content="Soon pruned."))
+    memory.store.delete("janitor", "transcript", turn)
+    newest = int(memory.store.scalar("SELECT max(id) FROM write_log"))
+    clock.advance((WRITE_LOG_RETENTION_DAYS + 1) * DAY)
+
+    assert expire_write_log(memory.store, clock.now()) >= 1  # the turn's insert went
+
+    memory.add_turn(TurnIn(channel="voice", source="user", content="Months later."))
+    assert int(memory.store.scalar("SELECT max(id) FROM write_log")) > newest
