@@ -116,7 +116,7 @@ def test_no_job_while_active_then_every_job_after_the_idle_window(runtime: Setti
     assert runs["boom"].error == "RuntimeError: boom: this job always fails"
     assert runs["die"].outcome == "failed" and runs["die"].error is not None
     assert "ActorDied" in runs["die"].error
-    assert runs["compact"].outcome == "ok"
+    assert runs["compact"].outcome == "ok", runs["compact"].error
 
     store = read_store(runtime)
     try:
