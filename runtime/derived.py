@@ -111,6 +111,7 @@ def forget_citing(store: Store, ref: str, writer: str) -> int:
                 _forget_finding(store, fact_id, writer)
                 todo.append(f"fact:{fact_id}")
             told = _telling(store, list(findings.values()))
+            _drop_untold(store, list(findings.values()))
             for episode_id in told:
                 store.forget(writer, "episodes", episode_id)
                 todo.append(f"episode:{episode_id}")
@@ -136,17 +137,20 @@ def _forget_finding(store: Store, fact_id: int, writer: str) -> None:
 
 def _telling(store: Store, texts: list[str]) -> list[int]:
     """The ``dmn`` episodes quoting one of these findings (a gist joins them,
-    clipped at its end: matched on each one's start), and the findings out of
-    the reflection's list of those not told yet."""
+    clipped at its end: matched on each one's start)."""
     ids: set[int] = set()
     for text in texts:
         ids.update(int(r[0]) for r in store.conn.execute(
             "SELECT id FROM episodes WHERE source = ? AND instr(gist, ?) > 0",
             (REFLECTION, text[:QUOTED])))
+    return sorted(ids)
+
+
+def _drop_untold(store: Store, texts: list[str]) -> None:
+    """Take these findings out of the reflection's list of those not told yet."""
     untold = get_state(store, REFLECTION, UNTOLD)
     if isinstance(untold, list) and any(t in untold for t in texts):
         set_state(store, REFLECTION, UNTOLD, [t for t in untold if t not in texts])
-    return sorted(ids)
 
 
 def _latest_without(store: Store, ref: str) -> PortraitIn | None:

@@ -102,7 +102,11 @@ def persistence_dir() -> Path:
     mosquitto drops to the ``mosquitto`` user, which cannot enter pytest's
     root-only temporary directories (and a save that fails is silent until
     shutdown), so the directory is its own, under /tmp."""
-    path = Path(tempfile.mkdtemp(prefix="reverie-mosquitto-", dir="/tmp"))
+    return to_broker_user(Path(tempfile.mkdtemp(prefix="reverie-mosquitto-", dir="/tmp")))
+
+
+def to_broker_user(path: Path) -> Path:
+    """Give ``path`` to the ``mosquitto`` user when we are root (and it exists)."""
     if os.geteuid() == 0:
         try:
             user = pwd.getpwnam("mosquitto")
@@ -133,12 +137,7 @@ def dynsec_conf(directory: Path, username: str, password: str,
                                for kind, topic, allow in acls]}]}
     path = directory / "dynamic-security.json"
     path.write_text(json.dumps(doc))
-    if os.geteuid() == 0:
-        try:
-            user = pwd.getpwnam("mosquitto")
-            os.chown(path, user.pw_uid, user.pw_gid)
-        except KeyError:
-            pass
+    to_broker_user(path)
     return f"plugin {plugin[0]}\nplugin_opt_config_file {path}\n"
 
 

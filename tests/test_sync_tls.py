@@ -23,6 +23,7 @@ from tests import test_sync
 from tests.pki import Pki
 from tests.test_sync import (
     GOOD,
+    PW_ENV,
     USER,
     Dovecot,
     Harness,
@@ -100,7 +101,7 @@ def dav_connectors(radicale: Radicale, ca_file: Path | None,
     return [{**caldav_conf(radicale, "cal", "family"), **ca(ca_file)},
             {**carddav_conf(radicale, "book", "people"), **ca(carddav_ca or ca_file)},
             {**ical_conf(f"{radicale.base}/{USER}/family/", "feed"), "username": USER,
-             "password_env": caldav_conf(radicale, "x")["password_env"], **ca(ca_file)}]
+             "password_env": PW_ENV, **ca(ca_file)}]
 
 
 def logins(dovecot: Dovecot) -> list[str]:
