@@ -9,12 +9,12 @@ from typing import Any, TypeVar
 import ray
 from pydantic import BaseModel, ValidationError
 
-from runtime.clock import Clock, SystemClock
 from runtime.config import Settings
-from runtime.fact_kinds import FactKinds
-from runtime.profiles import MemoryProfiles
-from runtime.refs import Ref, parse_ref
-from runtime.store import Store
+from runtime.memories.profiles import MemoryProfiles
+from runtime.memories.refs import Ref, parse_ref
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
+from runtime.time.clock import Clock, SystemClock
 
 log = logging.getLogger(__name__)
 

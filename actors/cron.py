@@ -5,7 +5,7 @@ Supervisor. It keeps the idle gate's inputs (last user activity, each
 person's presence; durable, so a restart forgets neither), checks every
 ``jobs.check_every_s``, and:
 
-- fires due reminders, idle or not (``runtime.reminders``): a ``say``
+- fires due reminders, idle or not (``runtime.mind.reminders``): a ``say``
   reminder is appended to the transcript through the Transcript actor with a
   request id derived from the reminder's id and occurrence, then marked fired;
   a scheduled prompt (``ask``) is sent to the Turns actor as a turn of source
@@ -18,8 +18,8 @@ person's presence; durable, so a restart forgets neither), checks every
   (missed ones fire once). A firing that fails is recorded on the reminder and
   tried again at the next check (the background loop waits ``RETRY_S``
   before it tries an overdue one again);
-- starts the jobs the idle gate lets through (``runtime.idle``,
-  ``runtime.jobs.due_jobs``). Each run gets its own job actor
+- starts the jobs the idle gate lets through (``runtime.mind.idle``,
+  ``runtime.mind.registry.due_jobs``). Each run gets its own job actor
   (``actors.job_actor``) that exists only while the run does; runs go one at a
   time, in a queue served by one thread, and a job is never queued twice.
   Whatever a run raises, and a job actor's death, is recorded as a failed run
@@ -79,12 +79,13 @@ from actors.messages import (
     Ticked,
     UserTurn,
 )
-from runtime import jobs, reminders
-from runtime.clock import Clock, SystemClock, household_zone
 from runtime.config import Settings
-from runtime.idle import IdleState, idle_state
-from runtime.job_context import JobResult
-from runtime.transcript import TurnIn
+from runtime.memories.transcript import TurnIn
+from runtime.mind import registry as jobs
+from runtime.mind import reminders
+from runtime.mind.contract import JobResult
+from runtime.mind.idle import IdleState, idle_state
+from runtime.time.clock import Clock, SystemClock, household_zone
 
 log = logging.getLogger(__name__)
 

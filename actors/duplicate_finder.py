@@ -2,7 +2,7 @@
 embedder, so they ask the Recall actor, which holds it and the vector index
 (``NearestMemory`` -> ``NearestFound``). The policy (threshold, details,
 logging, storing when Recall cannot answer) is
-:class:`runtime.duplicates.DuplicateCheck`'s."""
+:class:`runtime.memories.duplicates.DuplicateCheck`'s."""
 
 from __future__ import annotations
 
@@ -11,14 +11,14 @@ import logging
 from actors.handles import RecallClient
 from actors.messages import NearestMemory
 from runtime.config import Settings
-from runtime.duplicates import DuplicateCheck, Kind, Nearest
-from runtime.store import Store
+from runtime.memories.duplicates import DuplicateCheck, Kind, Nearest
+from runtime.store.database import Store
 
 log = logging.getLogger(__name__)
 
 
 class RecallFinder:
-    """:class:`runtime.duplicates.DuplicateFinder` through the Recall actor."""
+    """:class:`runtime.memories.duplicates.DuplicateFinder` through the Recall actor."""
 
     def __init__(self, recall: RecallClient) -> None:
         self.recall = recall

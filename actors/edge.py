@@ -39,8 +39,8 @@ from actors.messages import (
 )
 from device.records import LocationRecord, PresenceRecord
 from runtime.config import Settings
-from runtime.jobs import registry
-from runtime.llm_queue import read_notice
+from runtime.llm.queue import read_notice
+from runtime.mind.registry import registry
 
 log = logging.getLogger(__name__)
 

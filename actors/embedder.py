@@ -18,7 +18,7 @@ log = logging.getLogger(__name__)
 
 
 class RemoteEmbedder:
-    """The :class:`runtime.embedder.Embedder` protocol, answered by the Recall actor.
+    """The :class:`runtime.llm.embedder.Embedder` protocol, answered by the Recall actor.
 
     Texts go in calls of at most ``batch`` (at most ``MAX_BATCH``, what one
     ``Embed`` may carry): a job's many texts neither exceed a message nor hold

@@ -109,7 +109,7 @@ from actors.messages import (
     WriteDigests,
     WriteLogExpired,
 )
-from runtime.refs import MemoryService, NoSuchItem, change, edit
+from runtime.memories.refs import MemoryService, NoSuchItem, change, edit
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ class NoActor(RuntimeError):
 class NoSuchMemory(BadRequest, NoSuchItem):
     """A well-formed ref that names no stored item (``no fact 12``): a
     ``BadRequest`` like any other refused request, and a
-    :class:`runtime.refs.NoSuchItem`, so the HTTP API can answer 404."""
+    :class:`runtime.memories.refs.NoSuchItem`, so the HTTP API can answer 404."""
 
 
 class ActorClient:
@@ -503,7 +503,7 @@ DONE: dict[str, str] = {"disable": "disabled", "enable": "enabled", "delete": "d
 def change_memory(recall: RecallClient, service: MemoryService, msg: ChangeMemory,
                   kind: Kind) -> Ack:
     """An owner's side of :class:`ChangeMemory`: change the item through the
-    service that owns it (:func:`runtime.refs.change`) and keep Recall's index
+    service that owns it (:func:`runtime.memories.refs.change`) and keep Recall's index
     in step. A ref of another kind is a BadRequest, an id with no item a
     :class:`NoSuchMemory`, a change the kind does not have (pinning a turn) a
     BadRequest.
@@ -536,7 +536,7 @@ def change_memory(recall: RecallClient, service: MemoryService, msg: ChangeMemor
 def edit_memory(recall: RecallClient, service: MemoryService, msg: EditMemory,
                 kind: Kind) -> Ack:
     """An owner's side of :class:`EditMemory`: edit the item through the service
-    that owns it (:func:`runtime.refs.edit`), then have Recall re-embed what
+    that owns it (:func:`runtime.memories.refs.edit`), then have Recall re-embed what
     now holds the text. The ack's detail is that ref (an episode keeps its
     own; a fact's correction is a new fact). A ref of another kind, or an edit
     refused (a turn, a fact that is history), is a BadRequest; an id with no

@@ -4,7 +4,7 @@ The Cron actor starts one per run (``num_cpus=0``, no restarts, named
 ``job-<name>-<run id>`` so the dashboard shows what runs), calls :meth:`run`
 once and kills it when the result is back: no long-lived job actors (each
 worker costs about 62 MiB PSS). The actor builds the job's
-``runtime.job_context.JobContext``: its own Store connection (reads, and its
+``runtime.mind.contract.JobContext``: its own Store connection (reads, and its
 ``job_state``), a
 :class:`actors.remote_writer.RemoteWriter` (writes go to the owner actors), the
 configured language models, the Recall actor's model (a
@@ -19,7 +19,7 @@ The job's connection may write its own bookkeeping and nothing else
 through the owners, and a job that writes (or changes the schema) on its own
 connection fails loudly (``apsw.AuthError``) instead of becoming a second
 writer beside them. Not ``PRAGMA query_only``: most jobs keep their progress
-in ``job_state`` (``runtime.job_state.set_state``: consolidate, facts,
+in ``job_state`` (``runtime.store.job_state.set_state``: consolidate, facts,
 patterns, synthesis, dmn, sync, geo, research), which only they write.
 """
 
@@ -33,14 +33,14 @@ from actors.common import open_store, setup_logging
 from actors.embedder import RemoteEmbedder
 from actors.handles import RecallClient
 from actors.remote_writer import RemoteWriter
-from runtime.clock import Clock, ManualClock, SystemClock
 from runtime.config import Settings
-from runtime.embedder import Embedder
-from runtime.job_context import JobContext, JobResult
-from runtime.jobs import resolve
-from runtime.llm import make_llm
-from runtime.llm_queue import LLMHealth
-from runtime.store import Store
+from runtime.llm.embedder import Embedder
+from runtime.llm.providers import make_llm
+from runtime.llm.queue import LLMHealth
+from runtime.mind.contract import JobContext, JobResult
+from runtime.mind.registry import resolve
+from runtime.store.database import Store
+from runtime.time.clock import Clock, ManualClock, SystemClock
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def shared_embedder(settings: Settings) -> Embedder | None:
         return None
 
 
-#: The tables a job's own connection may write: its bookkeeping (``runtime.job_state``).
+#: The tables a job's own connection may write: its bookkeeping (``runtime.store.job_state``).
 JOB_TABLES = frozenset({"job_state"})
 _WRITES = frozenset({apsw.SQLITE_INSERT, apsw.SQLITE_UPDATE, apsw.SQLITE_DELETE})
 _SCHEMA = frozenset({

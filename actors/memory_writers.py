@@ -43,16 +43,16 @@ from actors.messages import (
     WriteLogExpired,
 )
 from runtime.config import Settings
-from runtime.digests import DigestService
-from runtime.duplicates import NearDuplicate
-from runtime.episodes import EpisodeService
-from runtime.fact_kinds import FactKinds
-from runtime.facts import GraphService
-from runtime.mood import MoodService
-from runtime.portrait import PortraitService
-from runtime.threads import ThreadService
-from runtime.user_profile import ProfileService
-from runtime.write_log_retention import EPISODE_HISTORY, expire_write_log
+from runtime.memories.digests import DigestService
+from runtime.memories.duplicates import NearDuplicate
+from runtime.memories.episodes import EpisodeService
+from runtime.memories.facts import GraphService
+from runtime.memories.mood import MoodService
+from runtime.memories.portrait import PortraitService
+from runtime.memories.retention import EPISODE_HISTORY, expire_write_log
+from runtime.memories.threads import ThreadService
+from runtime.memories.user_profile import ProfileService
+from runtime.store.fact_kinds import FactKinds
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ class EpisodesActor:
         return EpisodeWritten(episode_id=episode_id)
 
     def update_thread(self, msg: UpdateThread) -> Ack:
-        """Resolve or escalate an episode's open thread (``runtime.threads``
+        """Resolve or escalate an episode's open thread (``runtime.memories.threads``
         decides what changes); no open thread there is a ``BadRequest``."""
         msg = accept(UpdateThread, msg)
         try:
@@ -94,7 +94,7 @@ class EpisodesActor:
         return Ack(detail="unchanged" if row is None else f"episode:{row['id']}")
 
     def add_mood(self, msg: AddMood) -> MoodWritten:
-        """Append a reading of the mood (``runtime.mood``), with the write log."""
+        """Append a reading of the mood (``runtime.memories.mood``), with the write log."""
         msg = accept(AddMood, msg)
         return MoodWritten(mood_id=self.moods.add(msg.mood, msg.writer))
 
@@ -160,12 +160,12 @@ class GraphActor:
                            existing_id=decision.existing_id, claim_id=decision.claim_id)
 
     def add_portrait(self, msg: AddPortrait) -> PortraitWritten:
-        """Append a version of the portrait (``runtime.portrait``), with the write log."""
+        """Append a version of the portrait (``runtime.memories.portrait``), with the write log."""
         msg = accept(AddPortrait, msg)
         return PortraitWritten(portrait_id=self.portraits.add(msg.portrait, msg.writer))
 
     def write_digests(self, msg: WriteDigests) -> DigestsWritten:
-        """Add digests and prune expired ones (``runtime.digests``), with the write log."""
+        """Add digests and prune expired ones (``runtime.memories.digests``), with the write log."""
         msg = accept(WriteDigests, msg)
         try:
             return DigestsWritten(digest_ids=self.digests.write(msg.batch, msg.writer))
@@ -173,7 +173,7 @@ class GraphActor:
             raise bad_request(exc) from None
 
     def update_profile(self, msg: UpdateProfile) -> ProfileUpdated:
-        """Apply profile operations all or nothing (``runtime.user_profile``)."""
+        """Apply profile operations all or nothing (``runtime.memories.user_profile``)."""
         msg = accept(UpdateProfile, msg)
         try:
             return ProfileUpdated(changes=self.profile.apply(msg.ops, msg.source, msg.writer))

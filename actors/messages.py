@@ -64,15 +64,15 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from runtime.digests import DigestBatch
-from runtime.episodes import EpisodeIn
-from runtime.facts import FactIn
-from runtime.mood import MoodIn
-from runtime.portrait import PortraitIn
-from runtime.recall import RecallItem, RecallResult
-from runtime.threads import ThreadChange
-from runtime.transcript import MAX_TURN_CHARS, Location, ToolCallIn, TurnIn
-from runtime.user_profile import ProfileOp
+from runtime.memories.digests import DigestBatch
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.facts import FactIn
+from runtime.memories.mood import MoodIn
+from runtime.memories.portrait import PortraitIn
+from runtime.memories.threads import ThreadChange
+from runtime.memories.transcript import MAX_TURN_CHARS, Location, ToolCallIn, TurnIn
+from runtime.memories.user_profile import ProfileOp
+from runtime.recall.hybrid import RecallItem, RecallResult
 
 VERSION = 1
 MAX_BATCH = 1000
@@ -146,7 +146,7 @@ class TurnRow(Message):
     content: str
     created_at: float
     disabled: bool = False  # hidden by the user: never put in a prompt
-    sensitive: bool = False  # runtime.privacy: who may hear it
+    sensitive: bool = False  # runtime.memories.privacy: who may hear it
 
 
 class TurnList(Message):
@@ -186,7 +186,7 @@ class Recall(Message):
     max_tokens: int | None = Field(default=None, ge=0)
     now: float | None = None
     exclude: list[str] = Field(default_factory=list, max_length=MAX_BATCH)
-    # scoped to this person's memories and the household's (runtime.privacy.in_scope)
+    # scoped to this person's memories and the household's (runtime.memories.privacy.in_scope)
     person: str | None = Field(default=None, min_length=1, max_length=200)
 
 
@@ -201,7 +201,7 @@ class MemoryItem(Message):
     created_at: float
     turns: list[int]
     tokens: int
-    sensitive: bool = False  # runtime.privacy: who may be given it
+    sensitive: bool = False  # runtime.memories.privacy: who may be given it
     person: str | None = None  # whose memory it is (None: the household's)
 
     @classmethod
@@ -270,7 +270,7 @@ class MemoryMatches(Message):
 
 class NearestMemory(Message):
     """The live episode or fact (about ``subject``) nearest to ``text``, for the
-    near-duplicate check (``runtime.duplicates``)."""
+    near-duplicate check (``runtime.memories.duplicates``)."""
 
     kind: Literal["episode", "fact"]
     text: str = Field(min_length=1, max_length=20_000)
@@ -301,7 +301,7 @@ class AddFact(Message):
 
 
 class FactWritten(Message):
-    """What ``AddFact`` did (``runtime.facts.Resolution``): ``fact_id`` is the
+    """What ``AddFact`` did (``runtime.memories.facts.Resolution``): ``fact_id`` is the
     fact now current; ``existing_id`` the fact it met (reinforced, superseded,
     kept, or duplicated: then ``fact_id`` is that one too); ``claim_id``, for a
     ``keep``, the history row that records the claim that lost."""
@@ -325,7 +325,7 @@ class PortraitWritten(Message):
 
 class WriteDigests(Message):
     """Digests to add and expired ones to delete (the synthesis job's digest step,
-    ``runtime.digests``); a monthly is never deleted."""
+    ``runtime.memories.digests``); a monthly is never deleted."""
 
     batch: DigestBatch
     writer: str = Field(default="synthesis", min_length=1, max_length=80)
@@ -336,7 +336,7 @@ class DigestsWritten(Message):
 
 
 class UpdateProfile(Message):
-    """Profile operations (``runtime.user_profile``), applied all or nothing."""
+    """Profile operations (``runtime.memories.user_profile``), applied all or nothing."""
 
     ops: list[ProfileOp] = Field(min_length=1, max_length=100)
     source: str = Field(default="user", min_length=1, max_length=80)
@@ -356,7 +356,7 @@ class TouchEpisodes(Message):
 
 
 class UpdateThread(Message):
-    """Resolve or escalate an episode's open thread (``runtime.threads``: the
+    """Resolve or escalate an episode's open thread (``runtime.memories.threads``: the
     consolidate and decay jobs)."""
 
     change: ThreadChange
@@ -364,7 +364,7 @@ class UpdateThread(Message):
 
 
 class AddMood(Message):
-    """A new reading of the companion's mood (``runtime.mood``: the consolidate job)."""
+    """A new reading of the companion's mood (``runtime.memories.mood``: the consolidate job)."""
 
     mood: MoodIn
     writer: str = Field(default="consolidate", min_length=1, max_length=80)
@@ -375,7 +375,7 @@ class MoodWritten(Message):
 
 
 class PurgeTombstones(Message):
-    """Hard-delete the episodes tombstoned long enough ago (``runtime.decay``:
+    """Hard-delete the episodes tombstoned long enough ago (``runtime.memories.decay``:
     30 days) as of ``now`` (the decay job's clock; None: the actor's)."""
 
     now: float | None = Field(default=None, allow_inf_nan=False)
@@ -393,7 +393,7 @@ class ChangeMemory(Message):
     ``fact:7``; or pin it (memory level ``seared``: it never fades) or unpin it
     (a pinned one becomes ``vivid``). Only episodes and facts have a level:
     pinning a turn is refused. ``sensitive`` / ``not_sensitive`` set or clear
-    any memory's sensitive mark (``runtime.privacy``). Answered by the owner of
+    any memory's sensitive mark (``runtime.memories.privacy``). Answered by the owner of
     the ref's kind (``OWNERS``)."""
 
     ref: Ref
@@ -434,7 +434,7 @@ class BrowseMemories(Message):
     oldest_first: bool = False
     limit: int = Field(default=50, ge=1, le=500)
     offset: int = Field(default=0, ge=0, le=1_000_000)
-    # [since, until) bounds when each happened instead (runtime.browse.DATED): the timeline
+    # [since, until) bounds when each happened instead (runtime.recall.browse.DATED): the timeline
     dated: bool = False
 
 
@@ -453,7 +453,7 @@ class MemoryView(Message):
     source: str | None = None
     speaker: str | None = None        # turns: who spoke (or the role)
     details: dict[str, Any] = Field(default_factory=dict)  # kind-specific fields
-    sensitive: bool = False           # runtime.privacy: codes, health, money
+    sensitive: bool = False           # runtime.memories.privacy: codes, health, money
     person: str | None = None         # whose memory it is (None: the household's)
 
 
@@ -465,7 +465,7 @@ class MemoryPage(Message):
 class ViewMemory(Message):
     """One memory by its ref, whatever its state (``Recall.view`` answers a
     ``MemoryView``; a ref that names nothing is a ``BadRequest`` that is also a
-    ``runtime.refs.NoSuchItem``)."""
+    ``runtime.memories.refs.NoSuchItem``)."""
 
     ref: Ref
 
@@ -539,7 +539,7 @@ class Compacted(Message):
 
 class PruneTranscript(Message):
     """Delete ``channel``'s rows at or below its compaction watermark that no
-    live episode cites (``runtime.transcript.TranscriptService.prune``)."""
+    live episode cites (``runtime.memories.transcript.TranscriptService.prune``)."""
 
     channel: str = Field(min_length=1, max_length=200)
     writer: str = Field(default="janitor", min_length=1, max_length=80)
@@ -551,7 +551,7 @@ class TranscriptPruned(Message):
 
 class ExpireWriteLog(Message):
     """Drop the write-log history of the rows the janitor deleted at least
-    ``runtime.decay.WRITE_LOG_RETENTION_DAYS`` before ``now`` (None: the actor's
+    ``runtime.memories.decay.WRITE_LOG_RETENTION_DAYS`` before ``now`` (None: the actor's
     clock). Each owner expires the history of its own tables: Transcript that
     of transcript rows (and their tool calls), Episodes that of episodes (and
     their citations)."""
@@ -645,7 +645,7 @@ class JobsReport(Message):
     jobs: list[JobLine]
     idle: IdleInfo
     # each job's last run in words, by name: an ok run's detail line, a failed
-    # run's error (``runtime.jobs.last_details``). For the text of ``reverie
+    # run's error (``runtime.mind.registry.last_details``). For the text of ``reverie
     # jobs`` only: ``jobs --json`` keeps its fixed shape (``jobs`` and ``idle``).
     details: dict[str, str] = Field(default_factory=dict)
 

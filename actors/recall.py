@@ -37,16 +37,16 @@ from actors.messages import (
     SyncIndex,
     ViewMemory,
 )
-from runtime import browse as browsing
-from runtime.clock import household_zone
 from runtime.config import Settings
-from runtime.duplicates import IndexFinder
-from runtime.embedder import QueryCache, make_embedder
-from runtime.fact_kinds import FactKinds
-from runtime.indexing import Indexer
-from runtime.recall import Recaller
-from runtime.refs import find_matching, parse_ref
-from runtime.vector_index import KINDS, VectorIndex
+from runtime.llm.embedder import QueryCache, make_embedder
+from runtime.memories.duplicates import IndexFinder
+from runtime.memories.refs import find_matching, parse_ref
+from runtime.recall import browse as browsing
+from runtime.recall.hybrid import Recaller
+from runtime.recall.indexing import Indexer
+from runtime.store.fact_kinds import FactKinds
+from runtime.store.vector_index import KINDS, VectorIndex
+from runtime.time.clock import household_zone
 
 log = logging.getLogger(__name__)
 
@@ -141,7 +141,7 @@ class RecallActor:
 
     def nearest(self, msg: NearestMemory) -> NearestFound:
         """The live memory nearest to a text, for the writers' near-duplicate
-        check (``runtime.duplicates``); rows written but not yet indexed are
+        check (``runtime.memories.duplicates``); rows written but not yet indexed are
         indexed first, so a duplicate written a moment ago is found."""
         msg = accept(NearestMemory, msg)
         self._unsaved += self.indexer.sync(kinds=(msg.kind,))  # not the turns' backlog
@@ -151,7 +151,7 @@ class RecallActor:
         return NearestFound(item_id=found.item_id, similarity=found.similarity)
 
     def browse(self, msg: BrowseMemories) -> MemoryPage:
-        """A page of memories for people to look through (runtime.browse)."""
+        """A page of memories for people to look through (runtime.recall.browse)."""
         msg = accept(BrowseMemories, msg)
         try:
             views, total = browsing.browse(self.store, msg)

@@ -1,7 +1,7 @@
 """A "remember: ..." in a user turn, stored during the turn (expert-memory).
 
 The Turns actor calls :meth:`TurnRemembering.store` once the user's turn is in
-the transcript: what it asks to remember (:func:`runtime.remember.turn_facts`,
+the transcript: what it asks to remember (:func:`runtime.mind.remember.turn_facts`,
 the facts the ``facts`` job would write from it) goes to the Graph actor at
 once, user-managed (no quality gating), and Recall is told. The texts stored
 come back; :func:`with_acknowledgement` adds them to the prompt so the
@@ -17,11 +17,11 @@ import logging
 
 from actors.handles import GraphClient, RecallClient
 from actors.messages import AddFact
-from runtime.clock import Clock
-from runtime.llm import ChatMessage
-from runtime.profiles import MemoryProfiles
-from runtime.remember import acknowledgement, turn_facts
-from runtime.transcript import TurnIn
+from runtime.llm.providers import ChatMessage
+from runtime.memories.profiles import MemoryProfiles
+from runtime.memories.transcript import TurnIn
+from runtime.mind.remember import acknowledgement, turn_facts
+from runtime.time.clock import Clock
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """A job's writes in the actor runtime: each goes to the actor that owns its table.
 
-:class:`RemoteWriter` satisfies ``runtime.job_context.MemoryWriter`` (as
+:class:`RemoteWriter` satisfies ``runtime.mind.contract.MemoryWriter`` (as
 :class:`runtime.memory.Memory` does in-process): ``add_episode``,
 ``update_thread``, ``add_mood`` and ``purge_tombstones`` go to the Episodes
 actor, ``add_fact``, ``add_portrait``, ``write_digests`` and
@@ -33,14 +33,14 @@ from actors.messages import (
     UpdateThread,
     WriteDigests,
 )
-from runtime.digests import DigestBatch
-from runtime.episodes import EpisodeIn
-from runtime.facts import FactIn, Resolution
-from runtime.mood import MoodIn
-from runtime.portrait import PortraitIn
-from runtime.refs import Action, Ref
-from runtime.threads import ThreadChange
-from runtime.user_profile import ProfileOp
+from runtime.memories.digests import DigestBatch
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.facts import FactIn, Resolution
+from runtime.memories.mood import MoodIn
+from runtime.memories.portrait import PortraitIn
+from runtime.memories.refs import Action, Ref
+from runtime.memories.threads import ThreadChange
+from runtime.memories.user_profile import ProfileOp
 
 
 class RemoteWriter:

@@ -19,8 +19,8 @@ from actors.common import EDGE, actors_for
 from actors.handles import CronClient, EdgeClient, TranscriptClient
 from actors.messages import EdgeInfo, Status
 from runtime.config import Settings
-from runtime.files import write_private
-from runtime.llm_queue import read_notice
+from runtime.llm.queue import read_notice
+from runtime.store.files import write_private
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -44,7 +44,7 @@ from actors.handles import (
     TranscriptClient,
     TurnsClient,
 )
-from actors.http import HttpActor
+from actors.http.server import HttpActor
 from actors.memory_writers import EpisodesActor, GraphActor
 from actors.messages import Status
 from actors.recall import RecallActor

@@ -36,10 +36,10 @@ from actors.messages import (
     WriteLogExpired,
 )
 from device.records import LocationRecord
-from runtime import location
 from runtime.config import Settings
-from runtime.transcript import TranscriptService
-from runtime.write_log_retention import TRANSCRIPT_HISTORY, expire_write_log
+from runtime.memories import location
+from runtime.memories.retention import TRANSCRIPT_HISTORY, expire_write_log
+from runtime.memories.transcript import TranscriptService
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ class TranscriptActor:
     def __init__(self, settings: Settings) -> None:
         setup_logging(settings, "transcript")
         self.store = open_store(settings)
-        # The hub's own GPS fixes locate every speaker's turns (runtime.location).
+        # The hub's own GPS fixes locate every speaker's turns (runtime.memories.location).
         self.hub_person = settings.gps.person if settings.gps.enabled else None
         self.profiles = load_profiles(settings)
         self.transcript = TranscriptService(self.store, self.profiles, self.hub_person)

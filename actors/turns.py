@@ -3,17 +3,17 @@
 A user turn is checked, written to the transcript, seeded with turn-zero
 recall (when its channel's memory-seed flag is on), assembled into a prompt
 with the bootstrap persona files, the household's portrait (the latest
-version, read from the store and cached by version: ``runtime.portrait``;
+version, read from the store and cached by version: ``runtime.memories.portrait``;
 seeded channels only), the recalled memories and the household's local time,
 answered by the language model, and the reply is written with the
 refs of the memories the model was given (its citations), in one call. What
 the model is given (recalled memories, the channel's history) passes the
-privacy rules for this speaker on this channel (``runtime.privacy``); a reply
+privacy rules for this speaker on this channel (``runtime.memories.privacy``); a reply
 given a sensitive memory is stored sensitive. A
 temporary turn writes nothing at all. On a channel with ``injection = "pull"``
 the prompt carries a stable memory index and a capped auto-recall instead of
 the recalled memories, and the model reads more with the recall tool, answered
-by the Recall actor (``runtime.pull``); its calls are written with the reply,
+by the Recall actor (``runtime.recall.pull``); its calls are written with the reply,
 and what they returned joins its citations.
 
 A turn re-sent with the request id of one already answered (a caller's retry,
@@ -75,21 +75,35 @@ from actors.messages import (
     UserTurn,
 )
 from actors.remember_turn import TurnRemembering, with_acknowledgement
-from runtime import privacy
-from runtime.clock import Clock, SystemClock, household_zone, local_datetime
 from runtime.config import ChannelSettings, Settings
-from runtime.digests import trajectory_for
-from runtime.llm import AllProvidersFailed, ChatMessage, Completion, LLMError, LLMRequest, make_llm
-from runtime.llm_queue import LLMHealth
-from runtime.mood import current_line
-from runtime.persona import PersonaLoader
-from runtime.portrait import PortraitLine, PortraitReader
-from runtime.prompt import build_messages
-from runtime.pull import INDEX_FALLBACK, RECALL_TOOL, Shown, auto_recall, index_text, pull_answer
-from runtime.reader import StoreReader
-from runtime.store import Store
-from runtime.transcript import MAX_TURN_CHARS, ToolCallIn, TurnIn
-from runtime.user_profile import section_for
+from runtime.llm.persona import PersonaLoader
+from runtime.llm.prompt import build_messages
+from runtime.llm.providers import (
+    AllProvidersFailed,
+    ChatMessage,
+    Completion,
+    LLMError,
+    LLMRequest,
+    make_llm,
+)
+from runtime.llm.queue import LLMHealth
+from runtime.memories import privacy
+from runtime.memories.digests import trajectory_for
+from runtime.memories.mood import current_line
+from runtime.memories.portrait import PortraitLine, PortraitReader
+from runtime.memories.transcript import MAX_TURN_CHARS, ToolCallIn, TurnIn
+from runtime.memories.user_profile import section_for
+from runtime.recall.pull import (
+    INDEX_FALLBACK,
+    RECALL_TOOL,
+    Shown,
+    auto_recall,
+    index_text,
+    pull_answer,
+)
+from runtime.recall.reader import StoreReader
+from runtime.store.database import Store
+from runtime.time.clock import Clock, SystemClock, household_zone, local_datetime
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +123,7 @@ class _Prepared:
     memories: list[MemoryItem]
     degraded: bool
     request: LLMRequest
-    pull: bool = False  # a pull channel's turn (runtime.pull)
+    pull: bool = False  # a pull channel's turn (runtime.recall.pull)
     pulled: list[MemoryItem] = field(default_factory=list)  # what its recall tool returned
     tool_calls: list[ToolCallIn] = field(default_factory=list)
     exclude: list[str] = field(default_factory=list)  # in the prompt already: not recalled
@@ -284,7 +298,7 @@ class TurnsActor:
 
         history = self.transcript.recent(
             RecentTurns(channel=msg.channel, limit=self.settings.runtime.history_turns + 1))
-        # privacy: what this speaker on this channel may be told (runtime.privacy)
+        # privacy: what this speaker on this channel may be told (runtime.memories.privacy)
         who = privacy.audience(self.settings, channel, msg.speaker)
         past = privacy.history_for_audience(
             [t for t in history.turns if t.id != turn_id and not t.disabled],
@@ -325,7 +339,7 @@ class TurnsActor:
 
     def _complete(self, prepared: _Prepared, prefer: str | None) -> Completion:
         """The model's answer; on a pull channel, after the recall calls it makes
-        (answered by Recall, for the same audience as the prompt: runtime.pull)."""
+        (answered by Recall, for the same audience as the prompt: runtime.recall.pull)."""
         if not prepared.pull:
             return self.llm.complete(prepared.request, prefer=prefer)
         msg = prepared.msg

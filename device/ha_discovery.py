@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 PAYLOAD_AVAILABLE = "online"
 PAYLOAD_NOT_AVAILABLE = "offline"
 
-#: The idle detector's reasons (``runtime.idle.IdleState.reason``); others read "unknown".
+#: The idle detector's reasons (``runtime.mind.idle.IdleState.reason``); others read "unknown".
 IDLE_REASONS = ("nothing-recorded", "everyone-away", "quiet", "active")
 #: A job's last outcome; None: never ran. Anything else reads "unknown".
 JOB_OUTCOMES = ("ok", "failed")

@@ -30,7 +30,7 @@ Supervision
 
 Checkpoints
     The app never forces a checkpoint of its own while Litestream runs
-    (:mod:`runtime.store` never issues ``wal_checkpoint(TRUNCATE)``: it would
+    (:mod:`runtime.store.database` never issues ``wal_checkpoint(TRUNCATE)``: it would
     stall behind Litestream's read transaction, and a WAL reset behind
     Litestream's back forces a new snapshot). Litestream does the checkpoints;
     SQLite's passive auto-checkpoint is harmless.
@@ -85,7 +85,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import apsw
 
 from runtime.config import CONFIG_DIR, Settings
-from runtime.files import make_private, private_dir, write_private
+from runtime.store.files import make_private, private_dir, write_private
 
 log = logging.getLogger(__name__)
 

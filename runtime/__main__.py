@@ -15,8 +15,8 @@ import tempfile
 from pathlib import Path
 
 from runtime.config import ConfigError, load_settings
+from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
-from runtime.transcript import TurnIn
 
 DEMO_TURNS = [
     "My sister Ana lives in Porto and works night shifts as a nurse.",

@@ -42,7 +42,7 @@ from pydantic import (
     model_validator,
 )
 
-from runtime.clock import household_zone
+from runtime.time.clock import household_zone
 
 log = logging.getLogger(__name__)
 
@@ -131,20 +131,20 @@ class RecallSettings(_Section):
     weight_recency: float = Field(default=0.05, ge=0.0)
     weight_salience: float = Field(default=0.10, ge=0.0)
     # an open thread's episode ranks higher until resolved (hot: all of it;
-    # simmering: half); mood-congruent episodes rise a little (runtime.mood)
+    # simmering: half); mood-congruent episodes rise a little (runtime.memories.mood)
     weight_thread: float = Field(default=0.10, ge=0.0, le=1.0)
     weight_mood: float = Field(default=0.05, ge=0.0, le=1.0)
     context_turns: int = Field(default=2, ge=0, le=5)
     # share of the best neighbouring turn's keyword score (above its own) a turn
-    # borrows, within context_turns (runtime.recall; 0: none). This and the next
+    # borrows, within context_turns (runtime.recall.hybrid; 0: none). This and the next
     # three: chosen leave-one-conversation-out on LoCoMo (docs/benchmarks.md)
     neighbour_keywords: float = Field(default=0.3, ge=0.0, le=2.0)
     # added to a turn's relevance when the query names its speaker
     speaker_bonus: float = Field(default=0.1, ge=0.0, le=1.0)
-    # multiplies temporal recall's bonuses (runtime.temporal_recall.bonus)
+    # multiplies temporal recall's bonuses (runtime.recall.temporal.bonus)
     weight_temporal: float = Field(default=2.0, ge=0.0, le=5.0)
     # pseudo-relevance feedback: weight of a second keyword search for the words
-    # the best keyword hits share (runtime.recall; 0: none)
+    # the best keyword hits share (runtime.recall.hybrid; 0: none)
     keyword_feedback: float = Field(default=0.3, ge=0.0, le=1.0)
     # multiply an episode's / a fact's final score (a turn's stays as it is), so
     # that the layers take part in recall with their own weights (issue 7; both
@@ -154,7 +154,7 @@ class RecallSettings(_Section):
     fallback_items: int = Field(default=20, ge=1, le=200)
     # at most this many seared memories in one recall (clanka: "a couple")
     max_seared: int = Field(default=2, ge=0, le=20)
-    # temporal recall (runtime.temporal_recall): a time the query names ranks its memories first
+    # temporal recall (runtime.recall.temporal): a time the query names ranks its memories first
     temporal: bool = True
 
 
@@ -192,7 +192,7 @@ class HouseholdSettings(_Section):
     timezone: str = ""
     # The household's people, by the names speakers are given (compared
     # case-insensitively): a speaker among them (or among the people
-    # ``[mqtt.people]`` maps sensors onto) is known (runtime.privacy).
+    # ``[mqtt.people]`` maps sensors onto) is known (runtime.memories.privacy).
     people: list[str] = Field(default_factory=list, max_length=100)
 
     @field_validator("timezone")
@@ -229,12 +229,12 @@ class ChannelSettings(_Section):
     ``background``: no user is present (jobs), never seeded. ``injection``: how
     memory reaches the model, ``push`` (the recalled memories in the prompt) or
     ``pull`` (a stable index, a recall tool and a capped auto-recall:
-    ``runtime.pull``); pull needs a seeded foreground channel."""
+    ``runtime.recall.pull``); pull needs a seeded foreground channel."""
 
     seed: bool = True
     background: bool = False
     injection: Literal["push", "pull"] = "push"
-    # answers are read aloud: no sensitive memory for an unknown speaker (runtime.privacy)
+    # answers are read aloud: no sensitive memory for an unknown speaker (runtime.memories.privacy)
     spoken: bool = False
 
     @model_validator(mode="after")
@@ -253,14 +253,14 @@ def _default_channels() -> dict[str, ChannelSettings]:
 
 JOB_NAME = r"^[a-z][a-z0-9_-]{0,39}$"
 JOB_TARGET = r"^[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$"
-# Every job name of the design (runtime.jobs lists the ones that exist yet).
+# Every job name of the design (runtime.mind.registry lists the ones that exist yet).
 JOB_NAMES = ("consolidate", "facts", "decay", "patterns", "synthesis", "dmn", "sync", "geo",
              "research")
 
 
 class JobsSettings(_Section):
     """The subconscious: background jobs, checked every ``check_every_s``, fired
-    once the household has been idle ``idle_after_s`` (see ``runtime.idle``)."""
+    once the household has been idle ``idle_after_s`` (see ``runtime.mind.idle``)."""
 
     check_every_s: float = Field(default=300.0, gt=0)
     idle_after_s: float = Field(default=1800.0, ge=0)
@@ -404,12 +404,12 @@ class MemorySettings(_Section):
     profiles_file: Path = CONFIG_DIR / "profiles.toml"
     fact_kinds_file: Path = CONFIG_DIR / "fact_kinds.toml"
     # a new episode or fact at least this cosine-similar to a live one of its kind
-    # is refused as a near-duplicate (runtime.duplicates); above 1: never refused
+    # is refused as a near-duplicate (runtime.memories.duplicates); above 1: never refused
     duplicate_similarity: float = Field(default=0.92, ge=0.5, le=1.01)
 
 
 class HttpSettings(_Section):
-    """The HTTP server (``actors/http.py``): REST, OpenAI-compatible chat, OpenAPI.
+    """The HTTP server (``actors/http/server.py``): REST, OpenAI-compatible chat, OpenAPI.
 
     Loopback by default; every request needs the bearer token kept in
     ``<data dir>/http-token`` (generated on first run, 0600)."""
@@ -428,7 +428,7 @@ _SYNC_SCHEMES = {"caldav": ("http", "https"), "carddav": ("http", "https"),
 
 
 class ConnectorSettings(_Section):
-    """One capability-sync connector (``[[sync.connectors]]``, ``runtime.sync``).
+    """One capability-sync connector (``[[sync.connectors]]``, ``runtime.mind.sync``).
 
     Its items become memories of source ``sync:<name>``. The password is never
     in the file: ``password_env`` names the environment variable holding it."""
@@ -506,7 +506,7 @@ class SyncSettings(_Section):
 
 
 class ResearchSettings(_Section):
-    """Proactive research (the ``research`` job, ``runtime.research``): RSS and
+    """Proactive research (the ``research`` job, ``runtime.mind.research``): RSS and
     Atom feeds scored against the household's interests; the relevant items
     become ``discovery`` facts of source ``research``."""
 
@@ -515,7 +515,7 @@ class ResearchSettings(_Section):
     every_s: float = Field(default=21600.0, ge=60.0, le=30 * 86400.0)
     max_items_per_feed: int = Field(default=30, ge=1, le=500)
     max_new_per_run: int = Field(default=5, ge=1, le=100)  # discoveries written per run
-    # weight x cosine to the closest interest an item needs (see runtime.research)
+    # weight x cosine to the closest interest an item needs (see runtime.mind.research)
     threshold: float = Field(default=0.25, ge=-1.0, le=1.0)
     timeout_s: float = Field(default=15.0, gt=0, le=120)  # each request
     max_feed_bytes: int = Field(default=2_097_152, ge=4096, le=64 * 1_048_576)
@@ -541,7 +541,7 @@ class ResearchSettings(_Section):
 
 
 class ThreadSettings(_Section):
-    """Open threads (``runtime.threads``): when one left open is escalated, and
+    """Open threads (``runtime.memories.threads``): when one left open is escalated, and
     how close a closing sentence must be to resolve one offline."""
 
     escalate_after_days: float = Field(default=3.0, gt=0, le=3650)

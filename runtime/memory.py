@@ -8,7 +8,7 @@ tests use :class:`Memory` directly, and run background jobs on it with
 :meth:`Memory.job_context` (the memory is the jobs' writer and lends them its
 embedder).
 
-Writes commit their rows first, then :class:`runtime.indexing.Indexer`
+Writes commit their rows first, then :class:`runtime.recall.indexing.Indexer`
 embeds and indexes what is new. A crash in between loses nothing: the rows
 are durable and the next sync (at the latest on the next open) embeds them.
 :meth:`Memory.change` disables, enables or forgets an item, keeping the vector
@@ -21,28 +21,29 @@ import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from runtime import janitor, write_log_retention
-from runtime.clock import Clock, SystemClock, household_zone
 from runtime.config import Settings
-from runtime.digests import DigestBatch, DigestService
-from runtime.duplicates import DuplicateCheck, IndexFinder, NearDuplicate
-from runtime.embedder import Embedder, make_embedder
-from runtime.episodes import EpisodeIn, EpisodeService
-from runtime.fact_kinds import FactKinds
-from runtime.facts import FactIn, GraphService, Resolution
-from runtime.indexing import Indexer, Progress
-from runtime.job_context import JobContext
-from runtime.llm import FallbackChain, make_llm
-from runtime.mood import MoodIn, MoodService
-from runtime.portrait import PortraitIn, PortraitService
-from runtime.profiles import MemoryProfiles
-from runtime.recall import Recaller, RecallResult
-from runtime.refs import Action, Match, Ref, Services, change, find_matching
-from runtime.store import Store
-from runtime.threads import ThreadChange, ThreadService
-from runtime.transcript import TranscriptService, TurnIn
-from runtime.user_profile import ProfileOp, ProfileService
-from runtime.vector_index import VectorIndex
+from runtime.llm.embedder import Embedder, make_embedder
+from runtime.llm.providers import FallbackChain, make_llm
+from runtime.memories import retention as write_log_retention
+from runtime.memories.digests import DigestBatch, DigestService
+from runtime.memories.duplicates import DuplicateCheck, IndexFinder, NearDuplicate
+from runtime.memories.episodes import EpisodeIn, EpisodeService
+from runtime.memories.facts import FactIn, GraphService, Resolution
+from runtime.memories.mood import MoodIn, MoodService
+from runtime.memories.portrait import PortraitIn, PortraitService
+from runtime.memories.profiles import MemoryProfiles
+from runtime.memories.refs import Action, Match, Ref, Services, change, find_matching
+from runtime.memories.threads import ThreadChange, ThreadService
+from runtime.memories.transcript import TranscriptService, TurnIn
+from runtime.memories.user_profile import ProfileOp, ProfileService
+from runtime.mind import janitor
+from runtime.mind.contract import JobContext
+from runtime.recall.hybrid import Recaller, RecallResult
+from runtime.recall.indexing import Indexer, Progress
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
+from runtime.store.vector_index import VectorIndex
+from runtime.time.clock import Clock, SystemClock, household_zone
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ class Memory:
 
     def add_episode(self, episode: EpisodeIn, writer: str = "episodes") -> int:
         """Write an episode; a near-duplicate of a live one is refused and that
-        one's id returned (``runtime.duplicates``)."""
+        one's id returned (``runtime.memories.duplicates``)."""
         try:
             episode_id = self.episodes.add(episode, writer)
         except NearDuplicate as refused:
@@ -145,24 +146,24 @@ class Memory:
         return fact_id, decision
 
     def add_portrait(self, portrait: PortraitIn, writer: str = "synthesis") -> int:
-        """Store a new version of the household's portrait (``runtime.portrait``)."""
+        """Store a new version of the household's portrait (``runtime.memories.portrait``)."""
         return self.portraits.add(portrait, writer)
 
     def write_digests(self, batch: DigestBatch, writer: str = "synthesis") -> list[int]:
-        """Add digests and prune expired ones (``runtime.digests``)."""
+        """Add digests and prune expired ones (``runtime.memories.digests``)."""
         return self.digests.write(batch, writer)
 
     def update_profile(self, ops: Sequence[ProfileOp], source: str = "user",
                        writer: str = "graph") -> list[str]:
-        """Apply profile operations, all or nothing (``runtime.user_profile``)."""
+        """Apply profile operations, all or nothing (``runtime.memories.user_profile``)."""
         return self.profile.apply(ops, source, writer)
 
     def update_thread(self, change: ThreadChange, writer: str = "consolidate") -> None:
-        """Resolve or escalate an episode's open thread (``runtime.threads``)."""
+        """Resolve or escalate an episode's open thread (``runtime.memories.threads``)."""
         ThreadService(self.store).apply(change, writer)
 
     def add_mood(self, mood: MoodIn, writer: str = "consolidate") -> int:
-        """Store a new reading of the mood (``runtime.mood``)."""
+        """Store a new reading of the mood (``runtime.memories.mood``)."""
         return MoodService(self.store).add(mood, writer)
 
     def purge_tombstones(self, now: float, writer: str = janitor.WRITER) -> int:

@@ -31,7 +31,7 @@ from runtime.config import (
     ConfigError,
     default_user_config_path,
 )
-from runtime.files import write_private
+from runtime.store.files import write_private
 
 log = logging.getLogger(__name__)
 

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from fake_openai import FakeOpenAI
 
-from runtime.clock import ManualClock
 from runtime.config import Settings, load_settings
-from runtime.embedder import Embedder, make_embedder
+from runtime.llm.embedder import Embedder, make_embedder
 from runtime.memory import Memory
+from runtime.time.clock import ManualClock
 from tests.pki import Pki, made_pki
 
 # Every runtime a test starts serves HTTP on a free port, not the default 8765:

@@ -12,7 +12,7 @@ from typing import Any
 
 from actors import supervisor
 from actors.handles import HttpClient
-from actors.http_app import token_path
+from actors.http.app import token_path
 from runtime.config import Settings, load_settings
 
 

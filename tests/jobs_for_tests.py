@@ -5,10 +5,10 @@ from __future__ import annotations
 import os
 import time
 
-from runtime.episodes import EpisodeIn
-from runtime.facts import FactIn
-from runtime.job_context import JobContext, JobResult
-from runtime.job_state import get_state, set_state
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.facts import FactIn
+from runtime.mind.contract import JobContext, JobResult
+from runtime.store.job_state import get_state, set_state
 
 
 def ok(ctx: JobContext) -> JobResult:

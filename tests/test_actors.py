@@ -36,10 +36,10 @@ from actors.messages import (
 )
 from actors.status import gather_status
 from runtime.config import CONFIG_DIR, Settings
-from runtime.fact_kinds import FactKinds
-from runtime.facts import FactIn
-from runtime.store import Store
-from runtime.transcript import MAX_TURN_CHARS, TurnIn
+from runtime.memories.facts import FactIn
+from runtime.memories.transcript import MAX_TURN_CHARS, TurnIn
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
 from tests.waiting import wait_for
 
 NS = "test-actors"

@@ -1,4 +1,4 @@
-"""Verify and restore through the Litestream replica (runtime.backup), with the
+"""Verify and restore through the Litestream replica (runtime.store.backup), with the
 real litestream binary and a ``file:///`` replica."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from device.replicator import Replicator, meta_dir
-from runtime.backup import BackupError, restore, verify
 from runtime.config import Settings
-from runtime.store import Store
+from runtime.store.backup import BackupError, restore, verify
+from runtime.store.database import Store
 from tests.test_replicator import (
     caught_up,
     contents,

@@ -1,5 +1,5 @@
-"""Browsing, pinning and editing memories on a real store (runtime.browse,
-runtime.refs.change/edit and the services' set_level/edit)."""
+"""Browsing, pinning and editing memories on a real store (runtime.recall.browse,
+runtime.memories.refs.change/edit and the services' set_level/edit)."""
 
 from __future__ import annotations
 
@@ -9,17 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from runtime import browse
-from runtime.browse import Browse
-from runtime.clock import DAY, ManualClock
 from runtime.config import CONFIG_DIR
-from runtime.episodes import EpisodeIn, EpisodeService
-from runtime.fact_kinds import FactKinds
-from runtime.facts import FactIn, GraphService
-from runtime.profiles import MemoryProfiles
-from runtime.refs import NoSuchItem, Ref, Services, change, edit
-from runtime.store import Store
-from runtime.transcript import TranscriptService, TurnIn
+from runtime.memories.episodes import EpisodeIn, EpisodeService
+from runtime.memories.facts import FactIn, GraphService
+from runtime.memories.profiles import MemoryProfiles
+from runtime.memories.refs import NoSuchItem, Ref, Services, change, edit
+from runtime.memories.transcript import TranscriptService, TurnIn
+from runtime.recall import browse
+from runtime.recall.browse import Browse
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
+from runtime.time.clock import DAY, ManualClock
 
 KINDS = FactKinds.load(CONFIG_DIR / "fact_kinds.toml")
 PROFILES = MemoryProfiles.load(CONFIG_DIR / "profiles.toml")

@@ -16,9 +16,9 @@ import pytest
 
 from actors.embedder import RemoteEmbedder
 from actors.messages import Embed, Embedded
-from runtime import jobs
 from runtime.config import JOB_NAMES
-from runtime.job_context import JobContext, JobResult
+from runtime.mind import registry as jobs
+from runtime.mind.contract import JobContext, JobResult
 from tests.reverie_process import joined_runtime, runtime_env
 
 REVERIE = [sys.executable, "-m", "actors.cli"]

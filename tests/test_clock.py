@@ -15,8 +15,8 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from runtime.clock import ManualClock, household_zone, local_datetime
 from runtime.config import ConfigError, load_settings
+from runtime.time.clock import ManualClock, household_zone, local_datetime
 
 SetTZ = Callable[[str | None], None]
 

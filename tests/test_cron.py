@@ -31,10 +31,10 @@ from actors.messages import (
     UserTurn,
 )
 from runtime.config import CONFIG_DIR, JOB_NAMES, Settings, load_settings
-from runtime.fact_kinds import FactKinds
-from runtime.job_state import get_state, set_state
-from runtime.store import Store
-from runtime.transcript import TurnIn
+from runtime.memories.transcript import TurnIn
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
+from runtime.store.job_state import get_state, set_state
 
 NS = "test-cron"
 DAY = 86400.0

@@ -4,15 +4,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.clock import DAY
 from runtime.config import CONFIG_DIR
-from runtime.decay import (
+from runtime.memories.decay import (
     VIVID_FLOOR,
     episode_weight,
     fact_weight,
     tombstone_expired,
 )
-from runtime.fact_kinds import FactKinds
+from runtime.store.fact_kinds import FactKinds
+from runtime.time.clock import DAY
 
 KINDS = FactKinds.load(CONFIG_DIR / "fact_kinds.toml")
 T0 = 1_700_000_000.0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.embedder import Embedder
+from runtime.llm.embedder import Embedder
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""Digests (runtime.digests): daily notes roll up into weekly and monthly digests on
+"""Digests (runtime.memories.digests): daily notes roll up into weekly and monthly digests on
 a real store against a fixed clock in the household's time zone, grounded in
 episodes; the language model through a local fake OpenAI server (and its
 failure: the extractive fallback); sensitive memories never enter; retention
@@ -22,10 +22,12 @@ import pytest
 from fake_openai import FakeOpenAI, Mode, fake_openai_fixture  # noqa: F401
 from llm_runtime import llm_runtime, llm_settings
 
-from runtime import portrait
-from runtime.clock import ManualClock
 from runtime.config import LLMSettings, ProviderSettings, Settings
-from runtime.digests import (
+from runtime.llm.embedder import Embedder
+from runtime.llm.prompt import system_prompt
+from runtime.llm.providers import FallbackChain, make_llm
+from runtime.memories import portrait
+from runtime.memories.digests import (
     TRAJECTORY_HEADING,
     DigestBatch,
     DigestService,
@@ -34,14 +36,12 @@ from runtime.digests import (
     trajectory,
     trajectory_section,
 )
-from runtime.embedder import Embedder
-from runtime.episodes import EpisodeIn
-from runtime.job_context import JobContext, JobResult
-from runtime.llm import FallbackChain, make_llm
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.refs import Ref
+from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
-from runtime.prompt import system_prompt
-from runtime.refs import Ref
-from runtime.transcript import TurnIn
+from runtime.mind.contract import JobContext, JobResult
+from runtime.time.clock import ManualClock
 
 ZONE_NAME = "Europe/Lisbon"
 ZONE = ZoneInfo(ZONE_NAME)
@@ -313,7 +313,7 @@ def test_the_synthesis_job_runs_both_steps_whatever_the_other_does(
     assert "2026-W23" in digests(mem, "week"), "the digests were written all the same"
     monkeypatch.undo()
 
-    import runtime.digests as digests_module
+    import runtime.memories.digests as digests_module
 
     def broken_digests(ctx: JobContext) -> JobResult:
         raise RuntimeError("digests broke")
@@ -391,7 +391,7 @@ def test_the_job_writes_through_the_graph_actor_and_turns_see_the_trajectory(
     system = server.last.body["messages"][0]["content"]
     assert TRAJECTORY_HEADING in system
     assert f"- {last_month:%Y-%m}: They adopted Miso, a grey kitten." in system, system
-    from runtime.viz import open_read_only
+    from runtime.memories.viz import open_read_only
 
     with open_read_only(runtime) as store:
         month = DigestService(store).listed("month")

@@ -12,10 +12,16 @@ from typing import Any
 import pytest
 from fake_openai import FakeOpenAI, Mode, fake_openai_fixture  # noqa: F401
 
-from runtime import consolidate
-from runtime.clock import ManualClock
 from runtime.config import Settings
-from runtime.distil import (
+from runtime.llm.providers import make_llm
+from runtime.llm.queue import PendingQueue
+from runtime.memories.emotion import EmotionReading, read_emotion
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.transcript import TurnIn
+from runtime.memory import Memory
+from runtime.mind import consolidate
+from runtime.mind.contract import JobContext, JobResult
+from runtime.mind.distil import (
     EMOTIONS,
     JOB,
     DistilOut,
@@ -28,14 +34,8 @@ from runtime.distil import (
     parse_output,
     split_windows,
 )
-from runtime.emotion import EmotionReading, read_emotion
-from runtime.episodes import EpisodeIn
-from runtime.job_context import JobContext, JobResult
-from runtime.job_state import get_state
-from runtime.llm import make_llm
-from runtime.llm_queue import PendingQueue
-from runtime.memory import Memory
-from runtime.transcript import TurnIn
+from runtime.store.job_state import get_state
+from runtime.time.clock import ManualClock
 
 T0 = 1_700_000_000.0
 HOUR = 3600.0
@@ -179,7 +179,7 @@ def test_compaction_moves_the_watermark_and_a_second_run_does_nothing(
 
 
 def test_it_never_touches_user_managed_facts(memory: Memory, clock: ManualClock) -> None:
-    from runtime.facts import FactIn
+    from runtime.memories.facts import FactIn
 
     memory.add_fact(FactIn(kind="user_specific", subject="user", key="likes",
                            value="tea", source="user", user_managed=True), writer="user")
@@ -406,7 +406,7 @@ def test_invalid_twice_is_queued_the_job_goes_on_and_the_next_run_retries_it_fir
 def test_a_crash_after_queueing_does_not_queue_or_ask_twice(
         llm_memory: Memory, clock: ManualClock, fake_openai: FakeOpenAI,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import runtime.distil
+    import runtime.mind.distil
 
     add(llm_memory, "chat", 5, T0)
     clock.set(T0 + 10 * HOUR)  # the fake echoes: never valid JSON
@@ -415,7 +415,7 @@ def test_a_crash_after_queueing_does_not_queue_or_ask_twice(
         raise Crash("killed before the position was recorded")
 
     with monkeypatch.context() as patch:
-        patch.setattr(runtime.distil, "set_state", crash)
+        patch.setattr(runtime.mind.distil, "set_state", crash)
         with pytest.raises(Crash):
             distil(ctx_for(llm_memory, clock))
     assert len(completions(fake_openai)) == 2

@@ -15,20 +15,20 @@ from zoneinfo import ZoneInfo
 import pytest
 from fake_openai import FakeOpenAI, fake_openai_fixture  # noqa: F401
 
-from runtime.clock import DAY, ManualClock
 from runtime.config import LLMSettings, ProviderSettings, Settings
-from runtime.dmn import DmnParams, finding_key, reflect, run
-from runtime.embedder import Embedder
-from runtime.episodes import EpisodeIn
-from runtime.facts import FactIn, Resolution
-from runtime.job_context import JobContext
-from runtime.llm import FallbackChain, make_llm
+from runtime.llm.embedder import Embedder
+from runtime.llm.providers import FallbackChain, make_llm
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.facts import FactIn, Resolution
+from runtime.memories.portrait import synthesise
+from runtime.memories.refs import Ref
+from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
-from runtime.portrait import synthesise
-from runtime.refs import Ref
-from runtime.store import Row
-from runtime.support import unsupported_facts
-from runtime.transcript import TurnIn
+from runtime.mind.contract import JobContext
+from runtime.mind.dmn import DmnParams, finding_key, reflect, run
+from runtime.mind.support import unsupported_facts
+from runtime.store.database import Row
+from runtime.time.clock import DAY, ManualClock
 
 LISBON = ZoneInfo("Europe/Lisbon")
 

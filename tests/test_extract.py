@@ -7,18 +7,18 @@ import json
 import pytest
 from fake_openai import FakeOpenAI, Mode, fake_openai_fixture  # noqa: F401
 
-from runtime.clock import ManualClock
 from runtime.config import ProviderSettings
-from runtime.episodes import EpisodeIn
-from runtime.extract import FactsJob, parse_llm_facts, run
-from runtime.extract_rules import Candidate, extract, note_key, remembered
-from runtime.facts import FactIn, Resolution
-from runtime.job_context import JobContext
-from runtime.job_state import get_state
-from runtime.llm import FallbackChain, make_llm
+from runtime.llm.providers import FallbackChain, make_llm
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.facts import FactIn, Resolution
+from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
-from runtime.store import Row
-from runtime.transcript import TurnIn
+from runtime.mind.contract import JobContext
+from runtime.mind.extract import FactsJob, parse_llm_facts, run
+from runtime.mind.extract_rules import Candidate, extract, note_key, remembered
+from runtime.store.database import Row
+from runtime.store.job_state import get_state
+from runtime.time.clock import ManualClock
 
 CHANNEL = "chat"
 
@@ -38,7 +38,7 @@ def say(memory: Memory, clock: ManualClock, lines: list[tuple[str, str]],
         clock.advance(60)
         ids.append(memory.add_turn(TurnIn(channel=CHANNEL, source=source, speaker=speaker,
                                           content=text)))
-    # a gist of its own: the same gist twice is a near-duplicate (runtime.duplicates)
+    # a gist of its own: the same gist twice is a near-duplicate (runtime.memories.duplicates)
     memory.add_episode(EpisodeIn(channel=CHANNEL, source="user", gist=f"a chat at turn {ids[0]}",
                                  cites=ids))
     return ids

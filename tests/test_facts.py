@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.clock import ManualClock
 from runtime.config import CONFIG_DIR
-from runtime.episodes import MutedSource
-from runtime.fact_kinds import FactKinds, UnknownFactKind
-from runtime.facts import FactIn, GraphService
-from runtime.profiles import MemoryProfiles
-from runtime.store import Row, Store
+from runtime.memories.episodes import MutedSource
+from runtime.memories.facts import FactIn, GraphService
+from runtime.memories.profiles import MemoryProfiles
+from runtime.store.database import Row, Store
+from runtime.store.fact_kinds import FactKinds, UnknownFactKind
+from runtime.time.clock import ManualClock
 
 KINDS = FactKinds.load(CONFIG_DIR / "fact_kinds.toml")
 PROFILES = MemoryProfiles.load(CONFIG_DIR / "profiles.toml")

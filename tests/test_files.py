@@ -1,4 +1,4 @@
-"""Owner-only files whatever the umask: runtime.files."""
+"""Owner-only files whatever the umask: runtime.store.files."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.files import make_private, private_dir, write_private
+from runtime.store.files import make_private, private_dir, write_private
 
 
 def mode(path: Path) -> int:

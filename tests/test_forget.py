@@ -1,4 +1,4 @@
-"""Forget means gone; disable hides; references a user can type (runtime.refs).
+"""Forget means gone; disable hides; references a user can type (runtime.memories.refs).
 
 After a forget, the text must be nowhere in the database: not in the row, not in
 the write log (which keeps only that something was deleted, when and by whom),
@@ -12,16 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from runtime.clock import ManualClock
 from runtime.config import CONFIG_DIR
-from runtime.episodes import EpisodeIn, EpisodeService
-from runtime.fact_kinds import FactKinds
-from runtime.facts import FactIn, GraphService
+from runtime.memories.episodes import EpisodeIn, EpisodeService
+from runtime.memories.facts import FactIn, GraphService
+from runtime.memories.profiles import MemoryProfiles
+from runtime.memories.refs import NoSuchItem, Ref, Services, change, find_matching, parse_ref
+from runtime.memories.transcript import TranscriptService, TurnIn
 from runtime.memory import Memory
-from runtime.profiles import MemoryProfiles
-from runtime.refs import NoSuchItem, Ref, Services, change, find_matching, parse_ref
-from runtime.store import Store
-from runtime.transcript import TranscriptService, TurnIn
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
+from runtime.time.clock import ManualClock
 
 KINDS = FactKinds.load(CONFIG_DIR / "fact_kinds.toml")
 PROFILES = MemoryProfiles.load(CONFIG_DIR / "profiles.toml")

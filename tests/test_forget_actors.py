@@ -33,10 +33,10 @@ from actors.messages import (
     UserTurn,
 )
 from runtime.config import CONFIG_DIR, Settings, load_settings
-from runtime.episodes import EpisodeIn
-from runtime.fact_kinds import FactKinds
-from runtime.facts import FactIn
-from runtime.store import Store
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.facts import FactIn
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
 
 NS = "test-forget"
 

@@ -1,20 +1,21 @@
 """Forgetting a fact or an episode forgets the summaries written from it: the
 portrait versions and the digests that cite it, live or already pruned, with
-their content in the write log (runtime.derived). On a real SQLite store with
+their content in the write log (runtime.memories.derived). On a real SQLite store with
 the real model (the ``memory`` fixture)."""
 
 from __future__ import annotations
 
 import json
 
-from runtime import derived, dmn
-from runtime.digests import DigestBatch, DigestIn
-from runtime.episodes import EpisodeIn
-from runtime.facts import FactIn
-from runtime.job_state import get_state, set_state
+from runtime.memories import derived
+from runtime.memories.digests import DigestBatch, DigestIn
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.facts import FactIn
+from runtime.memories.portrait import PortraitIn, PortraitLine
+from runtime.memories.refs import Ref
 from runtime.memory import Memory
-from runtime.portrait import PortraitIn, PortraitLine
-from runtime.refs import Ref
+from runtime.mind import dmn
+from runtime.store.job_state import get_state, set_state
 
 SECRET = "Caroline is seeing a divorce lawyer"  # the forgotten content, searched for
 
@@ -147,4 +148,4 @@ def test_a_finding_not_told_yet_leaves_the_reflections_list(memory: Memory) -> N
     assert memory.store.row("SELECT id FROM facts WHERE id = ?", (fact_id,)) is None
     assert get_state(memory.store, "dmn", "unsummarised") == ["a finding about tomatoes"]
     assert SECRET not in log_text(memory, "facts")
-    assert derived.REFLECTION == dmn.SOURCE  # the names runtime.dmn writes under
+    assert derived.REFLECTION == dmn.SOURCE  # the names runtime.mind.dmn writes under

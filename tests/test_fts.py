@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.fts import MAX_TERMS, TermCounts, match_expression, query_terms
+from runtime.store.fts import MAX_TERMS, TermCounts, match_expression, query_terms
 
 ROWS = {
     1: ("hello there secret", "Ana"),
@@ -93,12 +93,12 @@ def test_any_text_is_a_valid_query_for_its_own_words(text: str) -> None:
 
 def test_term_counts_are_stemmed_like_the_table_and_kept_for_their_ttl(
         tmp_path: Path) -> None:
-    """The store's FTS5 tables (runtime.migrations) stem their words, so the count
+    """The store's FTS5 tables (runtime.store.migrations) stem their words, so the count
     of "recipes" is that of "recipe"; a count is kept ``ttl_s``, then read again."""
-    from runtime.clock import ManualClock
     from runtime.config import CONFIG_DIR
-    from runtime.fact_kinds import FactKinds
-    from runtime.store import Store
+    from runtime.store.database import Store
+    from runtime.store.fact_kinds import FactKinds
+    from runtime.time.clock import ManualClock
 
     store = Store(tmp_path / "r.db", FactKinds.load(CONFIG_DIR / "fact_kinds.toml"),
                   clock=ManualClock(1_000.0))

@@ -1,7 +1,7 @@
 """The geo job: places and habits from the location history.
 
-Pure functions (runtime.geo) on hand-made coordinates; the job end to end on a
-real store, with rows written through the services (runtime.location for
+Pure functions (runtime.mind.geo) on hand-made coordinates; the job end to end on a
+real store, with rows written through the services (runtime.memories.location for
 fixes, the transcript for GPS-tagged turns) and simulated weeks in a non-UTC
 zone; the gazetteer offline; ``reverie place list|name`` and ``reverie jobs run
 geo`` against a real runtime (one for the module)."""
@@ -24,17 +24,17 @@ import apsw
 import pytest
 
 from device.records import LocationRecord
-from runtime import geo, geo_job
-from runtime.clock import ManualClock
 from runtime.config import Settings
-from runtime.embedder import Embedder
-from runtime.facts import FactIn, Resolution
-from runtime.geo import Observation, Params
-from runtime.job_context import JobContext
-from runtime.llm import make_llm
-from runtime.location import store_fixes
+from runtime.llm.embedder import Embedder
+from runtime.llm.providers import make_llm
+from runtime.memories.facts import FactIn, Resolution
+from runtime.memories.location import store_fixes
+from runtime.memories.transcript import Location, TurnIn
 from runtime.memory import Memory
-from runtime.transcript import Location, TurnIn
+from runtime.mind import geo, geo_job
+from runtime.mind.contract import JobContext
+from runtime.mind.geo import Observation, Params
+from runtime.time.clock import ManualClock
 from tests.reverie_process import start_runtime
 
 TOKYO = ZoneInfo("Asia/Tokyo")

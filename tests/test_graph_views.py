@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from runtime.facts import FactIn
-from runtime.graph_views import graph_map, neighbours
+from runtime.memories.facts import FactIn
+from runtime.memories.graph_views import graph_map, neighbours
+from runtime.memories.refs import Ref
 from runtime.memory import Memory
-from runtime.refs import Ref
 
 ROOT = Path(__file__).resolve().parent.parent
 

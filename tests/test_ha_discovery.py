@@ -26,8 +26,8 @@ import paho.mqtt.client as mqtt
 import pytest
 
 from device import ha_discovery as ha
-from runtime import idle
 from runtime.config import MqttSettings
+from runtime.mind import idle
 
 MOSQUITTO = "/usr/sbin/mosquitto"
 SHIPPED_CONF = Path(__file__).resolve().parent.parent / "configs" / "mosquitto.conf"

@@ -19,7 +19,7 @@ import openai
 import pytest
 
 from actors.handles import TranscriptClient
-from actors.http_app import load_or_create_token, token_path
+from actors.http.app import load_or_create_token, token_path
 from actors.messages import RecentTurns
 
 NS = "test-http"
@@ -325,7 +325,7 @@ def test_the_listening_socket_is_tcp_so_answers_are_not_delayed() -> None:
     waited ≈ 40 ms for the client's delayed ACK (measured: tools/bench/http.py)."""
     import socket
 
-    from actors.http import _bind
+    from actors.http.server import _bind
 
     sock = _bind("127.0.0.1", 0)
     try:
@@ -344,7 +344,7 @@ def test_the_idle_server_wakes_once_a_second_and_keeps_its_date_current(api: Api
     import ray
 
     from actors.common import HTTP
-    from actors.http import TICK_S
+    from actors.http.server import TICK_S
 
     server = ray.get_actor(HTTP, namespace=NS)
     before = ray.get(server.ticks.remote())

@@ -30,9 +30,9 @@ from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, TextContent
 
-from actors import http_mcp
 from actors.common import actors_for
-from actors.http_mcp import TOOL_NAMES, Tools, build_server, parse_instant
+from actors.http import mcp as http_mcp
+from actors.http.mcp import TOOL_NAMES, Tools, build_server, parse_instant
 from actors.messages import (
     MemoryPage,
     MemoryView,
@@ -42,8 +42,8 @@ from actors.messages import (
     TurnReply,
     UserTurn,
 )
-from runtime.clock import household_zone
 from runtime.config import load_settings
+from runtime.time.clock import household_zone
 from tests.waiting import wait_for
 
 NS = "test-http-mcp"
@@ -334,7 +334,7 @@ def test_a_backend_that_does_not_answer_is_a_tool_error(
 
 LAZY = """
 import sys, tempfile
-from actors.http_app import make_app
+from actors.http.app import make_app
 from runtime.config import load_settings
 settings = load_settings(env={}, overrides={"store": {"data_dir": tempfile.mkdtemp()}})
 make_app(settings, "token", object())

@@ -22,10 +22,10 @@ import http_runtime
 import pytest
 
 from actors.handles import EpisodesClient, TranscriptClient
-from actors.http_app import MAX_QUERY_CHARS
+from actors.http.app import MAX_QUERY_CHARS
 from actors.messages import AddEpisode, AppendTurns
-from runtime.episodes import EpisodeIn
-from runtime.transcript import TurnIn
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.transcript import TurnIn
 
 NS = "test-http-mem"
 ZONE = "Asia/Tokyo"  # nine hours from UTC, no summer time: a zone mistake shows

@@ -1,4 +1,4 @@
-"""The idle gate (runtime.idle): a pure rule of last activity, presence and now."""
+"""The idle gate (runtime.mind.idle): a pure rule of last activity, presence and now."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from runtime.idle import Presence, idle_state
+from runtime.mind.idle import Presence, idle_state
 
 T0 = 1_700_000_000.0
 WINDOW = 1800.0

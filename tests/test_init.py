@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from runtime.config import CONFIG_DIR, ConfigError, Settings, load_settings
-from runtime.persona import BOOTSTRAP_FILES
+from runtime.llm.persona import BOOTSTRAP_FILES
 from runtime.user_config import (
     UserConfigExists,
     default_user_config_path,

@@ -8,17 +8,17 @@ import apsw
 import pytest
 
 from actors.job_actor import guard
-from runtime import janitor
-from runtime.clock import DAY, ManualClock
 from runtime.config import Settings
-from runtime.decay import WRITE_LOG_RETENTION_DAYS
-from runtime.episodes import EpisodeIn
-from runtime.facts import FactIn
-from runtime.job_context import JobContext
-from runtime.llm import FallbackChain, OfflineProvider
+from runtime.llm.providers import FallbackChain, OfflineProvider
+from runtime.memories.decay import WRITE_LOG_RETENTION_DAYS
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.facts import FactIn
+from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
-from runtime.store import Store
-from runtime.transcript import TurnIn
+from runtime.mind import janitor
+from runtime.mind.contract import JobContext
+from runtime.store.database import Store
+from runtime.time.clock import DAY, ManualClock
 
 
 def _run(memory: Memory, settings: Settings, clock: ManualClock) -> janitor.JobResult:
@@ -175,7 +175,7 @@ def test_write_log_ids_never_go_back_when_the_newest_rows_expire(
     the expiry would free the newest ids, and SQLite would hand them out again
     (write_log.id has no AUTOINCREMENT). Backup checks read "the rows after the
     replica's last id", so ids must only grow: the newest row is never expired."""
-    from runtime.write_log_retention import expire_write_log
+    from runtime.memories.retention import expire_write_log
 
     turn = memory.add_turn(TurnIn(channel="voice", source="user", content="Soon pruned."))
     memory.store.delete("janitor", "transcript", turn)

@@ -22,14 +22,14 @@ from actors.handles import CronClient, EpisodesClient, TranscriptClient
 from actors.messages import Activity, AddEpisode, AppendTurns, Compact, Tick
 from actors.remote_writer import RemoteWriter
 from runtime.config import CONFIG_DIR, JOB_NAMES, Settings, load_settings
-from runtime.decay import WRITE_LOG_RETENTION_DAYS
-from runtime.episodes import EpisodeIn
-from runtime.fact_kinds import FactKinds
-from runtime.facts import FactIn
-from runtime.job_context import JobContext, JobResult
-from runtime.job_state import get_state, set_state
-from runtime.store import Store
-from runtime.transcript import ToolCallIn, TurnIn
+from runtime.memories.decay import WRITE_LOG_RETENTION_DAYS
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.facts import FactIn
+from runtime.memories.transcript import ToolCallIn, TurnIn
+from runtime.mind.contract import JobContext, JobResult
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
+from runtime.store.job_state import get_state, set_state
 
 NS = "test-janitor"
 DAY = 86400.0

@@ -1,10 +1,10 @@
 from pathlib import Path
 
-from runtime.clock import ManualClock
 from runtime.config import CONFIG_DIR
-from runtime.fact_kinds import FactKinds
-from runtime.job_state import get_state, set_state
-from runtime.store import Store
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
+from runtime.store.job_state import get_state, set_state
+from runtime.time.clock import ManualClock
 
 KINDS = FactKinds.load(CONFIG_DIR / "fact_kinds.toml")
 

@@ -1,5 +1,5 @@
-"""The job registry and the record of runs (runtime.jobs), reminders' times and
-storage (runtime.reminders): in-process, on a real SQLite file."""
+"""The job registry and the record of runs (runtime.mind.registry), reminders' times and
+storage (runtime.mind.reminders): in-process, on a real SQLite file."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ import pytest
 from pydantic import ValidationError
 
 from actors import messages as m
-from runtime import jobs, reminders
-from runtime.clock import ManualClock
 from runtime.config import CONFIG_DIR, JOB_NAMES, ConfigError, Settings
-from runtime.fact_kinds import FactKinds
-from runtime.idle import idle_state
-from runtime.job_context import JobResult
-from runtime.store import Store
+from runtime.mind import registry as jobs
+from runtime.mind import reminders
+from runtime.mind.contract import JobResult
+from runtime.mind.idle import idle_state
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
+from runtime.time.clock import ManualClock
 
 T0 = 1_700_000_000.0
 LISBON = ZoneInfo("Europe/Lisbon")

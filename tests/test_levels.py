@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 
-from runtime import janitor
-from runtime.clock import DAY, ManualClock
 from runtime.config import Settings
-from runtime.embedder import Embedder
-from runtime.episodes import EpisodeIn
-from runtime.facts import FactIn
-from runtime.levels import LevelLowered, raise_level
+from runtime.llm.embedder import Embedder
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.facts import FactIn
+from runtime.memories.levels import LevelLowered, raise_level
+from runtime.memories.refs import Ref
 from runtime.memory import Memory
-from runtime.refs import Ref
+from runtime.mind import janitor
+from runtime.time.clock import DAY, ManualClock
 
 # -- raising ------------------------------------------------------------------------
 

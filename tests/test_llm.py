@@ -19,7 +19,7 @@ from fake_openai import FakeOpenAI, Mode, fake_openai_fixture  # noqa: F401
 from pydantic import ValidationError
 
 from runtime.config import ConfigError, LLMSettings, ProviderSettings, load_settings
-from runtime.llm import (
+from runtime.llm.providers import (
     AllProvidersFailed,
     ChatMessage,
     Completion,
@@ -48,9 +48,9 @@ REQUEST = LLMRequest(
 
 @pytest.fixture(autouse=True)
 def _key_never_logged(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
-    """Capture everything runtime.llm logs, and check the key never shows up in
+    """Capture everything runtime.llm.providers logs, and check the key never shows up in
     it (proxies from the environment are cleared for every test: conftest.py)."""
-    caplog.set_level(logging.DEBUG, logger="runtime.llm")
+    caplog.set_level(logging.DEBUG, logger="runtime.llm.providers")
     yield
     assert KEY not in caplog.text
 
@@ -453,7 +453,7 @@ def _logged(caplog: pytest.LogCaptureFixture) -> str:
 @pytest.mark.parametrize("status", [400, 500, 200])
 def test_provider_bodies_echoing_the_prompt_never_reach_logs_or_errors(
         echo_server: _EchoServer, caplog: pytest.LogCaptureFixture, status: int) -> None:
-    caplog.set_level(logging.DEBUG)  # every logger, not only runtime.llm
+    caplog.set_level(logging.DEBUG)  # every logger, not only runtime.llm.providers
     echo_server.status = status
     url = f"http://127.0.0.1:{echo_server.server_address[1]}/v1"
     llm = make_llm(LLMSettings(offline_fallback=False,

@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 from fake_openai import FakeOpenAI, Mode, fake_openai_fixture  # noqa: F401
 
-from runtime.clock import ManualClock
 from runtime.config import ProviderSettings, load_settings
-from runtime.llm import (
+from runtime.llm.providers import (
     AllProvidersFailed,
     ChatMessage,
     FallbackChain,
@@ -21,7 +20,8 @@ from runtime.llm import (
     OpenAICompatibleProvider,
     make_llm,
 )
-from runtime.llm_queue import LLMHealth, PendingEntry, PendingQueue, read_notice
+from runtime.llm.queue import LLMHealth, PendingEntry, PendingQueue, read_notice
+from runtime.time.clock import ManualClock
 
 REQUEST = LLMRequest(messages=[ChatMessage(role="user", content="hello")])
 

@@ -18,14 +18,14 @@ import apsw
 import hnswlib
 import pytest
 
-from runtime.clock import ManualClock
 from runtime.config import Settings
-from runtime.embedder import Embedder
-from runtime.facts import FactIn
+from runtime.llm.embedder import Embedder
+from runtime.memories.facts import FactIn
+from runtime.memories.refs import Ref
+from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
-from runtime.refs import Ref
-from runtime.transcript import TurnIn
-from runtime.vector_index import KINDS
+from runtime.store.vector_index import KINDS
+from runtime.time.clock import ManualClock
 
 OpenMemory = Callable[[], Memory]
 

@@ -13,14 +13,14 @@ import pytest
 from pydantic import ValidationError
 
 from actors import messages as m
-from runtime.digests import DigestBatch, DigestIn
-from runtime.episodes import EpisodeIn
-from runtime.facts import FactIn
-from runtime.mood import MoodIn
-from runtime.portrait import PortraitIn, PortraitLine
-from runtime.threads import ThreadChange
-from runtime.transcript import Location, TurnIn
-from runtime.user_profile import ProfileOp
+from runtime.memories.digests import DigestBatch, DigestIn
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.facts import FactIn
+from runtime.memories.mood import MoodIn
+from runtime.memories.portrait import PortraitIn, PortraitLine
+from runtime.memories.threads import ThreadChange
+from runtime.memories.transcript import Location, TurnIn
+from runtime.memories.user_profile import ProfileOp
 
 ITEM = m.MemoryItem(ref="turn:3", kind="turn", item_id=3, text="[2024-01-01] user: hi",
                     score=0.9, relevance=0.8, channel="chat", created_at=1.5, turns=[3],

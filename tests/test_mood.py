@@ -12,12 +12,10 @@ from pathlib import Path
 import pytest
 from fake_openai import FakeOpenAI
 
-from runtime.clock import DAY, ManualClock
 from runtime.config import Settings
-from runtime.episodes import EpisodeIn
-from runtime.fact_kinds import FactKinds
-from runtime.memory import Memory
-from runtime.mood import (
+from runtime.llm.prompt import build_messages
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.mood import (
     HALF_LIFE_HOURS,
     MoodIn,
     MoodService,
@@ -25,9 +23,11 @@ from runtime.mood import (
     mood_line,
     update_mood,
 )
-from runtime.prompt import build_messages
-from runtime.store import Store
-from runtime.transcript import TurnIn
+from runtime.memories.transcript import TurnIn
+from runtime.memory import Memory
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
+from runtime.time.clock import DAY, ManualClock
 
 T0 = 1_700_000_000.0
 HOUR = 3600.0

@@ -1,7 +1,7 @@
 """The MQTT bridge against a real Mosquitto: real payloads in, real SQLite behind.
 
 The sink here writes through the same store functions the actors call
-(``runtime.location.store_fixes``, ``runtime.jobs.record_presence``); the path
+(``runtime.memories.location.store_fixes``, ``runtime.mind.registry.record_presence``); the path
 through the actors and ``reverie run`` is in ``test_edge_runtime.py``.
 """
 
@@ -23,12 +23,13 @@ from device import ha_discovery
 from device.mqtt_bridge import Bridge
 from device.records import LocationRecord, PresenceRecord
 from device.topics import TopicMap
-from runtime import jobs, location
 from runtime.config import CONFIG_DIR, MqttSettings, Settings
-from runtime.idle import idle_state
-from runtime.profiles import MemoryProfiles
-from runtime.store import Store
-from runtime.transcript import TranscriptService, TurnIn
+from runtime.memories import location
+from runtime.memories.profiles import MemoryProfiles
+from runtime.memories.transcript import TranscriptService, TurnIn
+from runtime.mind import registry as jobs
+from runtime.mind.idle import idle_state
+from runtime.store.database import Store
 from tests.mosquitto import Broker, Client, dynsec_conf, persistence_dir
 from tests.waiting import wait_for
 

@@ -15,19 +15,19 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from runtime.clock import ManualClock
 from runtime.config import Settings
-from runtime.embedder import Embedder
-from runtime.episodes import EpisodeIn
-from runtime.facts import FactIn
-from runtime.job_context import JobContext, JobResult
-from runtime.llm import make_llm
+from runtime.llm.embedder import Embedder
+from runtime.llm.providers import make_llm
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.facts import FactIn
+from runtime.memories.refs import Ref
+from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
-from runtime.patterns import PatternParams, PatternsJob, When, in_words, run, topics
-from runtime.refs import Ref
-from runtime.store import Row
-from runtime.support import unsupported_facts
-from runtime.transcript import TurnIn
+from runtime.mind.contract import JobContext, JobResult
+from runtime.mind.patterns import PatternParams, PatternsJob, When, in_words, run, topics
+from runtime.mind.support import unsupported_facts
+from runtime.store.database import Row
+from runtime.time.clock import ManualClock
 
 LISBON = ZoneInfo("Europe/Lisbon")
 START = date(2024, 1, 1)  # a Monday
@@ -69,7 +69,8 @@ class Household:
             ids.append(self.say(day, 19, f"Tell me about {nonsense(self.days)}."))
             self.days += 1
             self.clock.set(at(day, 21))
-            # a gist of its own: the same gist twice is a near-duplicate (runtime.duplicates)
+            # a gist of its own: the same gist twice is a near-duplicate
+            # (runtime.memories.duplicates)
             self.memory.add_episode(EpisodeIn(channel="voice", source="user",
                                               gist=f"Caroline asked a few things on {day}",
                                               cites=ids,

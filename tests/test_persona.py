@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from runtime.config import PersonaSettings
-from runtime.persona import (
+from runtime.llm.persona import (
     BOOTSTRAP_FILES,
     MAX_FILE_BYTES,
     PersonaFile,
@@ -290,7 +290,7 @@ def test_non_utf8_file_is_skipped_with_warning(dirs: tuple[Path, Path],
     (p / "SOUL.md").write_bytes("caf\u00e9 latin-1".encode("latin-1"))
     (g / "SOUL.md").write_text("global soul")
     (g / "RULES.md").write_text("rules")
-    with caplog.at_level(logging.WARNING, logger="runtime.persona"):
+    with caplog.at_level(logging.WARNING, logger="runtime.llm.persona"):
         files = PersonaLoader(g, p).load()
     assert [(f.name, f.scope) for f in files] == [("SOUL.md", "global"), ("RULES.md", "global")]
     assert "not valid UTF-8" in caplog.text and str(p / "SOUL.md") in caplog.text
@@ -302,7 +302,7 @@ def test_directory_with_a_bootstrap_name_is_skipped(dirs: tuple[Path, Path],
     (p / "RULES.md").mkdir()
     (g / "RULES.md").write_text("global rules")
     (g / "SOUL.md").write_text("soul")
-    with caplog.at_level(logging.WARNING, logger="runtime.persona"):
+    with caplog.at_level(logging.WARNING, logger="runtime.llm.persona"):
         files = PersonaLoader(g, p).load()
     assert [(f.name, f.scope) for f in files] == [("SOUL.md", "global"), ("RULES.md", "global")]
     assert "not a regular file" in caplog.text
@@ -326,7 +326,7 @@ def test_unreadable_file_is_skipped_then_read_after_chmod(
     soul.write_text("soul")
     soul.chmod(0)
     loader = PersonaLoader(g, None)
-    with caplog.at_level(logging.WARNING, logger="runtime.persona"):
+    with caplog.at_level(logging.WARNING, logger="runtime.llm.persona"):
         assert loader.load() == []
     assert "cannot be read" in caplog.text
     assert not loader.is_stale()
@@ -344,7 +344,7 @@ def test_read_error_is_skipped_even_as_root(dirs: tuple[Path, Path],
     (g / "SOUL.md").symlink_to("/proc/self/mem")
     (g / "RULES.md").write_text("rules")
     loader = CountingLoader(g, None)
-    with caplog.at_level(logging.WARNING, logger="runtime.persona"):
+    with caplog.at_level(logging.WARNING, logger="runtime.llm.persona"):
         assert names(loader.load()) == ["RULES.md"]
     assert "cannot be read" in caplog.text
     # The failure is remembered: not retried (nor warned about) while unchanged.
@@ -369,7 +369,7 @@ def test_global_dir_that_is_a_file_is_skipped(tmp_path: Path,
     g = tmp_path / "global"
     g.write_text("not a directory")
     loader = PersonaLoader(g, None)
-    with caplog.at_level(logging.WARNING, logger="runtime.persona"):
+    with caplog.at_level(logging.WARNING, logger="runtime.llm.persona"):
         assert loader.load() == []
         assert loader.load() == []
     assert caplog.text.count("cannot be listed") == 1  # warned once

@@ -14,15 +14,13 @@ import pytest
 from fake_openai import FakeOpenAI, Mode, fake_openai_fixture  # noqa: F401
 from llm_runtime import llm_runtime, llm_settings
 
-from runtime.clock import DAY, ManualClock
 from runtime.config import ProviderSettings, Settings
-from runtime.episodes import EpisodeIn
-from runtime.facts import FactIn
-from runtime.job_context import JobContext
-from runtime.llm import FallbackChain, make_llm
-from runtime.memory import Memory
-from runtime.persona import PersonaFile
-from runtime.portrait import (
+from runtime.llm.persona import PersonaFile
+from runtime.llm.prompt import PORTRAIT_HEADING, build_messages, system_prompt
+from runtime.llm.providers import FallbackChain, make_llm
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.facts import FactIn
+from runtime.memories.portrait import (
     PortraitLine,
     PortraitReader,
     PortraitService,
@@ -30,9 +28,11 @@ from runtime.portrait import (
     current_refs,
     synthesise,
 )
-from runtime.prompt import PORTRAIT_HEADING, build_messages, system_prompt
-from runtime.refs import Ref
-from runtime.transcript import TurnIn
+from runtime.memories.refs import Ref
+from runtime.memories.transcript import TurnIn
+from runtime.memory import Memory
+from runtime.mind.contract import JobContext
+from runtime.time.clock import DAY, ManualClock
 
 NOW = datetime(2024, 3, 6, 14, 5, tzinfo=UTC)
 
@@ -144,7 +144,7 @@ def test_a_forgotten_fact_leaves_the_shown_portrait_at_once_and_the_next_version
     assert not any(f"fact:{ids['ocean']}" in line.refs for line in reader.lines())
     assert len(reader.lines()) == len(shown) - 1
     clock.advance(60)
-    # the forget already put the version without it in place (runtime.derived):
+    # the forget already put the version without it in place (runtime.memories.derived):
     # the next run finds the portrait it would write
     assert synthesise(ctx_for(memory, clock)).detail == "nothing new (same portrait)"
     latest = PortraitService(memory.store).latest()

@@ -1,4 +1,4 @@
-"""Privacy in a shared home (runtime.privacy) on a real store with the real
+"""Privacy in a shared home (runtime.memories.privacy) on a real store with the real
 embedder: who may be told a sensitive memory, the mark and its write log,
 sensitivity and owner inherited by episodes and facts (the consolidate and
 facts jobs), scoped recall, the offline provider, and the generated artefacts
@@ -13,25 +13,25 @@ from typing import Any
 
 import pytest
 
-from runtime import privacy
-from runtime.browse import get as browse_get
-from runtime.clock import DAY, ManualClock, household_zone
 from runtime.config import Settings, load_settings
-from runtime.distil import distil
-from runtime.dmn import DmnParams, follow_ups
-from runtime.episodes import EpisodeIn
-from runtime.extract import run as facts_job
-from runtime.fact_kinds import FactKinds
-from runtime.facts import FactIn
-from runtime.job_context import JobContext
-from runtime.llm import ChatMessage, LLMRequest, OfflineProvider, make_llm
+from runtime.llm.providers import ChatMessage, LLMRequest, OfflineProvider, make_llm
+from runtime.memories import privacy
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.facts import FactIn
+from runtime.memories.portrait import SynthesisParams, current_refs, gather
+from runtime.memories.profiles import MemoryProfiles
+from runtime.memories.refs import Ref
+from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
-from runtime.patterns import PatternsJob
-from runtime.portrait import SynthesisParams, current_refs, gather
-from runtime.profiles import MemoryProfiles
-from runtime.refs import Ref
-from runtime.research import interests
-from runtime.transcript import TurnIn
+from runtime.mind.contract import JobContext
+from runtime.mind.distil import distil
+from runtime.mind.dmn import DmnParams, follow_ups
+from runtime.mind.extract import run as facts_job
+from runtime.mind.patterns import PatternsJob
+from runtime.mind.research import interests
+from runtime.recall.browse import get as browse_get
+from runtime.store.fact_kinds import FactKinds
+from runtime.time.clock import DAY, ManualClock, household_zone
 
 T0 = 1_700_000_000.0
 HOUR = 3600.0
@@ -356,7 +356,7 @@ def test_the_memory_page_shows_the_mark(tmp_path: Path) -> None:
     from fastapi.testclient import TestClient
     from test_http_page import TOKEN, FakeBackend, logged_in
 
-    from actors.http_app import make_app
+    from actors.http.app import make_app
 
     settings = load_settings(env={}, overrides={
         "store": {"data_dir": str(tmp_path / "data")}, "http": {"port": 0}})

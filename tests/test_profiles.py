@@ -3,7 +3,7 @@ from pathlib import Path
 import pytest
 
 from runtime.config import CONFIG_DIR, ConfigError
-from runtime.profiles import MemoryProfiles
+from runtime.memories.profiles import MemoryProfiles
 
 
 @pytest.fixture

@@ -10,16 +10,16 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from runtime.clock import ManualClock, household_zone, local_datetime
-from runtime.persona import PersonaFile, PersonaLoader
-from runtime.prompt import (
+from runtime.llm.persona import PersonaFile, PersonaLoader
+from runtime.llm.prompt import (
     MEMORY_INSTRUCTION,
     SEPARATOR,
     ChatMessage,
     build_messages,
     datetime_line,
 )
-from runtime.recall import RecallItem
+from runtime.recall.hybrid import RecallItem
+from runtime.time.clock import ManualClock, household_zone, local_datetime
 
 NOW = datetime(2026, 3, 6, 14, 5, 59, tzinfo=timezone(timedelta(hours=1)))
 DATE = "Current date and time: Friday 2026-03-06 14:05 UTC+01:00"

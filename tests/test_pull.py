@@ -19,23 +19,23 @@ from actors.common import BadRequest
 from actors.handles import GraphClient, RecallClient, TranscriptClient, TurnsClient
 from actors.messages import AddFact, AppendTurns, Recall, TurnDelta, TurnReply, UserTurn
 from runtime.config import CONFIG_DIR, ConfigError, ProviderSettings, Settings, load_settings
-from runtime.fact_kinds import FactKinds
-from runtime.facts import FactIn
-from runtime.llm import (
-    ChatMessage,
-    LLMError,
-    LLMErrorKind,
-    LLMRequest,
-    OpenAICompatibleProvider,
-)
-from runtime.prompt import (
+from runtime.llm.prompt import (
     AUTO_RECALL_HEADING,
     MEMORY_HEADING,
     MEMORY_INSTRUCTION,
     SEPARATOR,
     memory_section,
 )
-from runtime.pull import (
+from runtime.llm.providers import (
+    ChatMessage,
+    LLMError,
+    LLMErrorKind,
+    LLMRequest,
+    OpenAICompatibleProvider,
+)
+from runtime.memories.facts import FactIn
+from runtime.memories.transcript import ToolCallIn, TurnIn
+from runtime.recall.pull import (
     AUTO_RECALL_BYTES,
     AUTO_RECALL_ITEMS,
     INDEX_HEADING,
@@ -46,8 +46,8 @@ from runtime.pull import (
     auto_recall,
     tool_result,
 )
-from runtime.store import Row, Store
-from runtime.transcript import ToolCallIn, TurnIn
+from runtime.store.database import Row, Store
+from runtime.store.fact_kinds import FactKinds
 
 NS = "test-pull"
 PULL = "den"  # the pull channel; chat and voice stay push

@@ -1,4 +1,4 @@
-"""The prompt parts' shared read connection (runtime.reader): opened once, and a
+"""The prompt parts' shared read connection (runtime.recall.reader): opened once, and a
 part that cannot be read is left out (its default) with a warning naming it."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import logging
 import pytest
 
 from runtime.memory import Memory
-from runtime.reader import StoreReader
-from runtime.store import Store
+from runtime.recall.reader import StoreReader
+from runtime.store.database import Store
 
 
 def test_one_connection_serves_every_part(memory: Memory) -> None:
@@ -27,7 +27,7 @@ def test_one_connection_serves_every_part(memory: Memory) -> None:
 
 def test_a_part_that_cannot_be_read_is_left_out(memory: Memory,
                                                 caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.WARNING, logger="runtime.reader")
+    caplog.set_level(logging.WARNING, logger="runtime.recall.reader")
     reader = StoreReader(lambda: memory.store)
     assert reader.read("mood", lambda s: s.scalar("SELECT secret FROM nowhere"), "") == ""
     assert "mood unavailable: SQLError" in caplog.text and "secret" not in caplog.text

@@ -21,19 +21,19 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from runtime import temporal_recall
-from runtime.clock import DAY, ManualClock
 from runtime.config import Settings
-from runtime.embedder import Embedder
-from runtime.episodes import EpisodeIn
-from runtime.facts import FactIn
-from runtime.fts import match_expression
+from runtime.llm.embedder import Embedder
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.facts import FactIn
+from runtime.memories.refs import Ref
+from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
-from runtime.recall import NEIGHBOUR_REACH, Recaller, RecallResult, render
-from runtime.refs import Ref
-from runtime.timeexpr import Span
-from runtime.transcript import TurnIn
-from runtime.vector_index import KINDS
+from runtime.recall import temporal as temporal_recall
+from runtime.recall.hybrid import NEIGHBOUR_REACH, Recaller, RecallResult, render
+from runtime.store.fts import match_expression
+from runtime.store.vector_index import KINDS
+from runtime.time.clock import DAY, ManualClock
+from runtime.time.expressions import Span
 
 
 def read_only(max_examples: int) -> hsettings:
@@ -652,7 +652,7 @@ def test_an_episodes_turns_come_best_first(memory: Memory, clock: ManualClock) -
 
 
 def test_one_broad_item_cannot_fill_the_first_turns() -> None:
-    from runtime.recall import TURNS_PER_ITEM_FIRST, RecallItem
+    from runtime.recall.hybrid import TURNS_PER_ITEM_FIRST, RecallItem
 
     def item(ref: str, turns: tuple[int, ...]) -> RecallItem:
         return RecallItem(ref=ref, kind=ref.split(":")[0], item_id=1, text="", score=1.0,
@@ -781,7 +781,7 @@ def test_keyword_feedback_leaves_out_a_word_in_too_many_turns(memory: Memory,
     more than ``FEEDBACK_MAX_SHARE`` of the turns (and more than
     ``FEEDBACK_MIN_TURNS``) is not searched for: a turn that shares only that
     word with them gains nothing, one that shares a rarer word does."""
-    from runtime.recall import FEEDBACK_MAX_SHARE, FEEDBACK_MIN_TURNS
+    from runtime.recall.hybrid import FEEDBACK_MAX_SHARE, FEEDBACK_MIN_TURNS
 
     common = FEEDBACK_MIN_TURNS + 10
     assert common > FEEDBACK_MAX_SHARE * (3 * common + 4)  # "garden" is common here
@@ -816,7 +816,7 @@ def test_keyword_feedback_that_fails_leaves_the_keywords_found(
     logged by type, and recall answers with the keywords of the first search."""
     import apsw
 
-    from runtime.fts import TermCounts
+    from runtime.store.fts import TermCounts
 
     seed_household(memory, clock)
     plain = _relevance_by_ref(memory, "when was the boiler serviced?", keyword_feedback=0.0)
@@ -825,7 +825,7 @@ def test_keyword_feedback_that_fails_leaves_the_keywords_found(
         raise apsw.SQLError("no such module: fts5vocab")
 
     monkeypatch.setattr(TermCounts, "docs", broken)
-    with caplog.at_level("WARNING", logger="runtime.recall"):
+    with caplog.at_level("WARNING", logger="runtime.recall.hybrid"):
         fed = _relevance_by_ref(memory, "when was the boiler serviced?", keyword_feedback=0.5)
     assert fed == plain and fed
     assert "keyword feedback skipped: SQLError" in caplog.text

@@ -25,9 +25,9 @@ from fake_openai import FakeOpenAI, Mode
 from actors.handles import TurnsClient
 from actors.messages import UserTurn
 from runtime.config import CONFIG_DIR
-from runtime.fact_kinds import FactKinds
-from runtime.llm import OfflineProvider
-from runtime.store import Store
+from runtime.llm.providers import OfflineProvider
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
 from tests.reverie_process import joined_runtime, runtime_env
 
 REVERIE = [sys.executable, "-m", "actors.cli"]

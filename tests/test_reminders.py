@@ -1,4 +1,4 @@
-"""Scheduled prompts and repeating reminders (runtime.reminders, the Cron actor).
+"""Scheduled prompts and repeating reminders (runtime.mind.reminders, the Cron actor).
 
 In-process on a real SQLite file: weekday times, repeat rules, the next
 occurrence across daylight-saving changes, occurrences, cancel, and the
@@ -39,12 +39,13 @@ from actors.messages import (
     Tick,
     UserTurn,
 )
-from runtime import jobs, reminders
-from runtime.clock import ManualClock
 from runtime.config import CONFIG_DIR, Settings
-from runtime.fact_kinds import FactKinds
-from runtime.migrations import MIGRATIONS, migrate
-from runtime.store import Store
+from runtime.mind import registry as jobs
+from runtime.mind import reminders
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
+from runtime.store.migrations import MIGRATIONS, migrate
+from runtime.time.clock import ManualClock
 from tests.waiting import wait_for
 
 LISBON = ZoneInfo("Europe/Lisbon")

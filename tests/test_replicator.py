@@ -36,8 +36,8 @@ from device.replicator import (
     write_config,
 )
 from runtime.config import CONFIG_DIR, Settings, load_settings
-from runtime.fact_kinds import FactKinds
-from runtime.store import Store
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
 from tests.waiting import wait_for
 
 KINDS = FactKinds.load(CONFIG_DIR / "fact_kinds.toml")

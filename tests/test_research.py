@@ -25,19 +25,18 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runtime import jobs
-from runtime.clock import DAY, ManualClock
 from runtime.config import ConfigError, Settings
-from runtime.decay import fact_weight
-from runtime.embedder import Embedder
-from runtime.episodes import EpisodeIn
-from runtime.facts import FactIn
-from runtime.job_context import JobContext, JobResult
-from runtime.job_state import get_state, set_state
-from runtime.llm import FallbackChain, OfflineProvider
+from runtime.llm.embedder import Embedder
+from runtime.llm.providers import FallbackChain, OfflineProvider
+from runtime.memories.decay import fact_weight
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.facts import FactIn
+from runtime.memories.profiles import MemoryProfiles
+from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
-from runtime.profiles import MemoryProfiles
-from runtime.research import (
+from runtime.mind import registry as jobs
+from runtime.mind.contract import JobContext, JobResult
+from runtime.mind.research import (
     FeedFailed,
     ResearchJob,
     html_text,
@@ -45,8 +44,9 @@ from runtime.research import (
     item_key,
     parse_feed,
 )
-from runtime.store import Row
-from runtime.transcript import TurnIn
+from runtime.store.database import Row
+from runtime.store.job_state import get_state, set_state
+from runtime.time.clock import DAY, ManualClock
 
 HOUR = 3600.0
 T0 = 1_700_000_000.0
@@ -518,9 +518,9 @@ def test_discoveries_fade_in_about_two_weeks(memory: Memory) -> None:
 def test_the_registered_job_runs_with_the_configured_embedder(
         memory: Memory, clock: ManualClock, feeds: FeedServer,
         settings_for: Callable[..., Settings]) -> None:
-    """``runtime.research:run`` as the runner calls it: no embedder given, so
+    """``runtime.mind.research:run`` as the runner calls it: no embedder given, so
     the job builds the configured one."""
-    assert jobs.JOBS["research"] == "runtime.research:run"
+    assert jobs.JOBS["research"] == "runtime.mind.research:run"
     settings = settings_for(GOOD, feeds)
     assert "research" in jobs.registry(settings)
     household(memory, clock)
@@ -551,12 +551,12 @@ def test_the_job_context_embedder_is_used_and_no_model_is_loaded(
     """The job as the runner calls it, with the context the in-process path
     builds (:meth:`Memory.job_context`: the memory's embedder): the job scores
     with that one and loads no model of its own."""
-    import runtime.research
+    import runtime.mind.research
 
     def no_model(*args: Any) -> Embedder:
         raise AssertionError("the research job loaded a model of its own")
 
-    monkeypatch.setattr(runtime.research, "make_embedder", no_model)
+    monkeypatch.setattr(runtime.mind.research, "make_embedder", no_model)
     settings = settings_for(GOOD, feeds)
     household(memory, clock)
     ctx = memory.job_context(llm=FallbackChain([OfflineProvider()]), settings=settings)
@@ -604,7 +604,7 @@ def test_the_portrait_counts_when_there_is_one(memory: Memory) -> None:
 
 
 def test_the_synthesis_portrait_counts_by_section(memory: Memory) -> None:
-    portrait = pytest.importorskip("runtime.portrait")
+    portrait = pytest.importorskip("runtime.memories.portrait")
     likes, _ = memory.add_fact(FactIn(kind="user_specific", subject="Ana",
                                       key="preference_gardening", value="loves gardening",
                                       source="user"))

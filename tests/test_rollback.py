@@ -1,4 +1,4 @@
-"""Write log and rollback (runtime.rollback, actors.doctor) on real SQLite files.
+"""Write log and rollback (runtime.store.rollback, actors.cli.doctor) on real SQLite files.
 
 A job's bad writes are undone and nobody else's; ``--to T`` puts episodes and
 facts back exactly as at T; seared memories are never touched; the log is
@@ -23,19 +23,19 @@ from typing import Any
 import apsw
 import pytest
 
-from actors import doctor
-from runtime import janitor
-from runtime.clock import DAY, ManualClock
+from actors.cli import doctor
 from runtime.config import CONFIG_DIR
-from runtime.decay import WRITE_LOG_RETENTION_DAYS
-from runtime.episodes import EpisodeIn, EpisodeService
-from runtime.fact_kinds import FactKinds
-from runtime.facts import FactIn, GraphService
-from runtime.profiles import MemoryProfiles
-from runtime.rollback import PlanOutdated, apply, log_entries, plan
-from runtime.store import Store
-from runtime.support import unsupported_facts
-from runtime.transcript import TranscriptService, TurnIn
+from runtime.memories.decay import WRITE_LOG_RETENTION_DAYS
+from runtime.memories.episodes import EpisodeIn, EpisodeService
+from runtime.memories.facts import FactIn, GraphService
+from runtime.memories.profiles import MemoryProfiles
+from runtime.memories.transcript import TranscriptService, TurnIn
+from runtime.mind import janitor
+from runtime.mind.support import unsupported_facts
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
+from runtime.store.rollback import PlanOutdated, apply, log_entries, plan
+from runtime.time.clock import DAY, ManualClock
 
 KINDS = FactKinds.load(CONFIG_DIR / "fact_kinds.toml")
 PROFILES = MemoryProfiles.load(CONFIG_DIR / "profiles.toml")

@@ -18,13 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from runtime import clustering, rollup
-from runtime.clock import ManualClock
 from runtime.config import Settings
-from runtime.episodes import EpisodeIn
-from runtime.facts import FactIn, Resolution
-from runtime.job_context import JobContext
-from runtime.llm import (
+from runtime.llm.providers import (
     Completion,
     FallbackChain,
     LLMError,
@@ -32,8 +27,13 @@ from runtime.llm import (
     LLMRequest,
     OfflineProvider,
 )
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.facts import FactIn, Resolution
+from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
-from runtime.transcript import TurnIn
+from runtime.mind import clustering, rollup
+from runtime.mind.contract import JobContext
+from runtime.time.clock import ManualClock
 
 GROUP = 15
 GROUPS = 3

@@ -14,11 +14,11 @@ from typing import Any
 import apsw
 import pytest
 
-from runtime.clock import ManualClock
 from runtime.config import CONFIG_DIR
-from runtime.fact_kinds import FactKinds
-from runtime.migrations import MIGRATIONS, migrate
-from runtime.store import Store, StoreError
+from runtime.store.database import Store, StoreError
+from runtime.store.fact_kinds import FactKinds
+from runtime.store.migrations import MIGRATIONS, migrate
+from runtime.time.clock import ManualClock
 
 KINDS = FactKinds.load(CONFIG_DIR / "fact_kinds.toml")
 
@@ -147,8 +147,8 @@ WRITER = textwrap.dedent("""
     import sys
     from pathlib import Path
     from runtime.config import CONFIG_DIR
-    from runtime.fact_kinds import FactKinds
-    from runtime.store import Store
+    from runtime.store.fact_kinds import FactKinds
+    from runtime.store.database import Store
     s = Store(Path(sys.argv[1]), FactKinds.load(CONFIG_DIR / "fact_kinds.toml"))
     i = 0
     while True:
@@ -371,11 +371,11 @@ HAMMER = textwrap.dedent("""
     import sys
     from pathlib import Path
     from runtime.config import CONFIG_DIR
-    from runtime.fact_kinds import FactKinds
-    from runtime.facts import FactIn, GraphService
-    from runtime.profiles import MemoryProfiles
-    from runtime.store import Store
-    from runtime.transcript import TranscriptService, TurnIn
+    from runtime.store.fact_kinds import FactKinds
+    from runtime.memories.facts import FactIn, GraphService
+    from runtime.memories.profiles import MemoryProfiles
+    from runtime.store.database import Store
+    from runtime.memories.transcript import TranscriptService, TurnIn
     kinds = FactKinds.load(CONFIG_DIR / "fact_kinds.toml")
     profiles = MemoryProfiles.load(CONFIG_DIR / "profiles.toml")
     store = Store(Path(sys.argv[1]), kinds, busy_timeout_ms=20000)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from runtime.episodes import EpisodeIn
-from runtime.facts import FactIn
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.facts import FactIn
+from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
-from runtime.support import Unsupported, missing_terms, salient_terms, unsupported_facts
-from runtime.transcript import TurnIn
+from runtime.mind.support import Unsupported, missing_terms, salient_terms, unsupported_facts
 
 
 def test_salient_terms_are_names_places_and_dates() -> None:

@@ -1,7 +1,7 @@
-"""Capability sync (runtime.sync) against real servers on free loopback ports:
+"""Capability sync (runtime.mind.sync) against real servers on free loopback ports:
 Radicale (CalDAV and CardDAV, from PyPI), Dovecot (IMAP, from Debian) and a
 local HTTP server serving iCalendar files. The job runs through the real job
-path (runtime.jobs.run_job) on a Memory-backed JobContext with an injected
+path (runtime.mind.registry.run_job) on a Memory-backed JobContext with an injected
 clock."""
 
 from __future__ import annotations
@@ -28,17 +28,17 @@ from zoneinfo import ZoneInfo
 import httpx
 import pytest
 
-from runtime import jobs
-from runtime.clock import DAY, ManualClock
 from runtime.config import ConfigError, Settings
-from runtime.embedder import Embedder
-from runtime.job_context import JobContext, JobResult
-from runtime.job_state import get_state, set_state
-from runtime.llm import FallbackChain, OfflineProvider
+from runtime.llm.embedder import Embedder
+from runtime.llm.providers import FallbackChain, OfflineProvider
 from runtime.memory import Memory
-from runtime.store import Row
-from runtime.sync import items as sync_items
-from runtime.sync.connectors import describe, is_loopback
+from runtime.mind import registry as jobs
+from runtime.mind.contract import JobContext, JobResult
+from runtime.mind.sync import items as sync_items
+from runtime.mind.sync.connectors import describe, is_loopback
+from runtime.store.database import Row
+from runtime.store.job_state import get_state, set_state
+from runtime.time.clock import DAY, ManualClock
 from tests.pki import Pki
 from tests.waiting import wait_for
 
@@ -632,7 +632,7 @@ def test_a_server_without_sync_collection_is_listed_by_etag(
     """A server that refuses sync-collection: calendars and address books are
     listed with PROPFIND (href and ETag), only what changed is fetched, and what
     went is retired, as with sync tokens."""
-    caplog.set_level(logging.INFO, logger="runtime.sync.connectors")
+    caplog.set_level(logging.INFO, logger="runtime.mind.sync.connectors")
     (tmp_path / "radicale").mkdir()
     server = Radicale(tmp_path / "radicale", sync_collection=False)
     try:
@@ -827,7 +827,7 @@ def test_out_of_time_it_stops_and_says_there_is_more(
 
 
 def test_sync_is_a_registered_job(make_settings: Callable[..., Settings]) -> None:
-    assert jobs.registry(make_settings())["sync"] == "runtime.sync.job:run"
+    assert jobs.registry(make_settings())["sync"] == "runtime.mind.sync.job:run"
     assert "sync" not in jobs.LATER
 
 

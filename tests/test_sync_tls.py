@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from runtime.job_state import get_state
-from runtime.sync import connectors
+from runtime.mind.sync import connectors
+from runtime.store.job_state import get_state
 from tests import test_sync
 from tests.pki import Pki
 from tests.test_sync import (

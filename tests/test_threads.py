@@ -14,20 +14,20 @@ from typing import Any
 import pytest
 from fake_openai import FakeOpenAI, fake_openai_fixture  # noqa: F401
 
-from runtime import janitor
-from runtime.clock import DAY, ManualClock
 from runtime.config import Settings
-from runtime.distil import distil
-from runtime.embedder import Embedder
-from runtime.episodes import EpisodeIn
-from runtime.fact_kinds import FactKinds
-from runtime.job_context import JobContext
-from runtime.llm import make_llm
+from runtime.llm.embedder import Embedder
+from runtime.llm.providers import make_llm
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.threads import ThreadChange, ThreadService, detect
+from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
-from runtime.recall import Recaller
-from runtime.store import Store
-from runtime.threads import ThreadChange, ThreadService, detect
-from runtime.transcript import TurnIn
+from runtime.mind import janitor
+from runtime.mind.contract import JobContext
+from runtime.mind.distil import distil
+from runtime.recall.hybrid import Recaller
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
+from runtime.time.clock import DAY, ManualClock
 
 T0 = 1_700_000_000.0
 HOUR = 3600.0
@@ -200,7 +200,7 @@ def test_with_a_model_its_answer_opens_the_thread_and_names_what_it_closes(
 
 def test_a_roll_up_parent_carries_its_leaves_hottest_open_thread(
         memory: Memory, clock: ManualClock) -> None:
-    from runtime.rollup import parent_of
+    from runtime.mind.rollup import parent_of
 
     gists = [("Ana talked about the garden.", None, None),
              ("Ana should repaint the fence someday.", "simmering", "repaint the fence"),
@@ -358,7 +358,7 @@ def test_the_decay_job_escalates_through_the_episodes_actor(runtime: Settings) -
     ran = CronClient(NS, timeout_s=300).run(RunJob(name="decay", wait=True), timeout=300)
     assert ran.outcome == "ok" and "1 open threads escalated" in (ran.detail or ""), ran
 
-    store = Store(runtime.store.path, FactKinds.load(runtime.memory.fact_kinds_file))
+    store = Store(runtime.store.database.path, FactKinds.load(runtime.memory.fact_kinds_file))
     try:
         row = store.get("episodes", opened)
         writer = store.scalar("SELECT writer FROM write_log WHERE table_name = 'episodes'"

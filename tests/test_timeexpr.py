@@ -1,4 +1,4 @@
-"""Time expressions (runtime.timeexpr) read against a fixed clock in the
+"""Time expressions (runtime.time.expressions) read against a fixed clock in the
 household's zone: each span's local bounds, the finder inside sentences, and the
 errors for what is not a time."""
 
@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from runtime.timeexpr import Span, TimeExpressionError, find, parse
+from runtime.time.expressions import Span, TimeExpressionError, find, parse
 
 LISBON = ZoneInfo("Europe/Lisbon")
 # Monday 30 November 2026, 15:00 in Lisbon

@@ -1,9 +1,9 @@
 """The timeline and temporal recall.
 
-- runtime.timeline on a real store against a fixed clock: "3 months ago"
+- runtime.recall.timeline on a real store against a fixed clock: "3 months ago"
   selects the episodes (and turns, facts) dated in that month, by when they
   happened, not when they were written.
-- temporal recall (runtime.temporal_recall through Memory.recall, the real
+- temporal recall (runtime.recall.temporal through Memory.recall, the real
   model and index): a time named in the question ranks its slice first, pulls
   in memories of the slice the other stages missed, and a "when" question
   favours memories that say when.
@@ -30,18 +30,19 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from runtime import browse, temporal_recall, timeline
-from runtime.clock import ManualClock
 from runtime.config import CONFIG_DIR, Settings
-from runtime.embedder import Embedder
-from runtime.episodes import EpisodeIn, EpisodeService
-from runtime.fact_kinds import FactKinds
-from runtime.facts import FactIn, GraphService
+from runtime.llm.embedder import Embedder
+from runtime.memories.episodes import EpisodeIn, EpisodeService
+from runtime.memories.facts import FactIn, GraphService
+from runtime.memories.profiles import MemoryProfiles
+from runtime.memories.transcript import TranscriptService, TurnIn
 from runtime.memory import Memory
-from runtime.profiles import MemoryProfiles
-from runtime.store import Store
-from runtime.timeexpr import TimeExpressionError
-from runtime.transcript import TranscriptService, TurnIn
+from runtime.recall import browse, timeline
+from runtime.recall import temporal as temporal_recall
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
+from runtime.time.clock import ManualClock
+from runtime.time.expressions import TimeExpressionError
 from tests.reverie_process import start_runtime
 
 LISBON = ZoneInfo("Europe/Lisbon")

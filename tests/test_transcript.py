@@ -5,13 +5,13 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from runtime.clock import ManualClock
 from runtime.config import CONFIG_DIR
-from runtime.episodes import EpisodeIn, EpisodeService, MutedSource
-from runtime.fact_kinds import FactKinds
-from runtime.profiles import MemoryProfiles
-from runtime.store import Store
-from runtime.transcript import MAX_TURN_CHARS, Location, TranscriptService, TurnIn
+from runtime.memories.episodes import EpisodeIn, EpisodeService, MutedSource
+from runtime.memories.profiles import MemoryProfiles
+from runtime.memories.transcript import MAX_TURN_CHARS, Location, TranscriptService, TurnIn
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
+from runtime.time.clock import ManualClock
 
 KINDS = FactKinds.load(CONFIG_DIR / "fact_kinds.toml")
 PROFILES = MemoryProfiles.load(CONFIG_DIR / "profiles.toml")

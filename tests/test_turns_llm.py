@@ -23,8 +23,8 @@ from actors.handles import TranscriptClient, TurnsClient
 from actors.messages import ChangeMemory, RecentTurns, UserTurn
 from actors.status import gather_status
 from runtime.config import CONFIG_DIR, Settings, load_settings
-from runtime.fact_kinds import FactKinds
-from runtime.store import Store
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
 from tests.waiting import wait_for
 
 NS = "test-turns-llm"
@@ -265,13 +265,13 @@ def test_an_episode_used_in_an_answer_becomes_relevant_again(runtime: Settings,
                                                              server: FakeOpenAI) -> None:
     from actors.handles import EpisodesClient
     from actors.messages import AddEpisode
-    from runtime.episodes import EpisodeIn
+    from runtime.memories.episodes import EpisodeIn
 
     server.mode = Mode.OK
     written = EpisodesClient(NS).add(AddEpisode(episode=EpisodeIn(
         channel="chat", source="user",
         gist="Ben and Nora spent the afternoon repairing the greenhouse roof with new panels.")))
-    db = Store(runtime.store.path, FactKinds.load(runtime.memory.fact_kinds_file))
+    db = Store(runtime.store.database.path, FactKinds.load(runtime.memory.fact_kinds_file))
     try:
         before = db.get("episodes", written.episode_id)
         assert before is not None

@@ -1,4 +1,4 @@
-"""The user profile with a lifecycle (runtime.user_profile): list fields upsert,
+"""The user profile with a lifecycle (runtime.memories.user_profile): list fields upsert,
 ``_done`` / ``_remove`` / ``_replace``, history kept, directives with a scope, bad
 input refused with nothing written; on a real store, then through the real
 runtime (``reverie profile set`` reaches the Graph actor; the Turns actor puts the
@@ -15,9 +15,7 @@ from pathlib import Path
 import pytest
 from fake_openai import FakeOpenAI, fake_openai_fixture  # noqa: F401
 
-from runtime.memory import Memory
-from runtime.spoken_profile import facts_text, is_instruction, spoken_ops
-from runtime.user_profile import (
+from runtime.memories.user_profile import (
     PROFILE_HEADING,
     ProfileOp,
     ProfileService,
@@ -26,6 +24,8 @@ from runtime.user_profile import (
     profile_section,
     split_items,
 )
+from runtime.memory import Memory
+from runtime.mind.spoken_profile import facts_text, is_instruction, spoken_ops
 from tests.reverie_process import joined_runtime, runtime_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -262,12 +262,12 @@ def test_spoken_instructions_are_read_as_operations() -> None:
 
 def test_the_facts_job_applies_spoken_instructions_and_records_no_fact_of_them(
         memory: Memory, fake_openai: FakeOpenAI) -> None:
-    from runtime import extract
     from runtime.config import LLMSettings, ProviderSettings
-    from runtime.episodes import EpisodeIn
-    from runtime.job_context import JobContext
-    from runtime.llm import make_llm
-    from runtime.transcript import TurnIn
+    from runtime.llm.providers import make_llm
+    from runtime.memories.episodes import EpisodeIn
+    from runtime.memories.transcript import TurnIn
+    from runtime.mind import extract
+    from runtime.mind.contract import JobContext
 
     apply(memory, "goals=earn the CKA", "interests=sailing, chess")
     said = ["Remove sailing from my interests. My sister Ana lives in Porto.",

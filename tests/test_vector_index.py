@@ -2,7 +2,7 @@
 
 Everything is real: a SQLite store in ``tmp_path``, hnswlib, and, for the
 re-embedding cycles, the ONNX MiniLM embedder. Vectors go in and out through
-:class:`runtime.indexing.Indexer` (the database row first, then the index), the
+:class:`runtime.recall.indexing.Indexer` (the database row first, then the index), the
 way the runtime writes them. An index is only ever broken through hnswlib's own
 API on its saved file, as a damaged or inconsistent cache would be.
 """
@@ -19,15 +19,15 @@ import hnswlib
 import numpy as np
 import pytest
 
-from runtime.clock import ManualClock
 from runtime.config import Settings
-from runtime.embedder import Embedder
-from runtime.fact_kinds import FactKinds
-from runtime.indexing import Indexer
+from runtime.llm.embedder import Embedder
+from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
-from runtime.store import Store
-from runtime.transcript import TurnIn
-from runtime.vector_index import COMPACT_MIN, KINDS, IndexUnavailable, VectorIndex
+from runtime.recall.indexing import Indexer
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
+from runtime.store.vector_index import COMPACT_MIN, KINDS, IndexUnavailable, VectorIndex
+from runtime.time.clock import ManualClock
 
 DIM = 32
 MODEL = "test-random/32"

@@ -1,4 +1,4 @@
-"""Pictures of memory (runtime/viz.py, ``reverie viz``): real stores, real PNGs."""
+"""Pictures of memory (runtime/memories/viz.py, ``reverie viz``): real stores, real PNGs."""
 
 from __future__ import annotations
 
@@ -22,15 +22,16 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from PIL import Image
 
-from runtime import clustering, viz
-from runtime.clock import DAY, ManualClock, household_zone
 from runtime.config import Settings
-from runtime.decay import episode_weight
-from runtime.episodes import EpisodeIn
-from runtime.facts import FactIn
+from runtime.memories import viz
+from runtime.memories.decay import episode_weight
+from runtime.memories.episodes import EpisodeIn
+from runtime.memories.facts import FactIn
+from runtime.memories.refs import parse_ref
+from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
-from runtime.refs import parse_ref
-from runtime.transcript import TurnIn
+from runtime.mind import clustering
+from runtime.time.clock import DAY, ManualClock, household_zone
 
 ZONE = "America/New_York"  # UTC-5 in November: local midnight is 05:00 UTC
 

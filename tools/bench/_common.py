@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
 import numpy as np  # noqa: E402
 
 from runtime.config import Settings, load_settings  # noqa: E402
-from runtime.transcript import TurnIn  # noqa: E402
+from runtime.memories.transcript import TurnIn  # noqa: E402
 
 T = TypeVar("T")
 

@@ -53,7 +53,7 @@ from actors.common import RECALL, actor
 from actors.messages import Embed, Recall, Recalled
 from runtime.config import Settings
 from runtime.memory import Memory
-from runtime.vector_index import KINDS
+from runtime.store.vector_index import KINDS
 
 SEED = 7
 QUERY_SEED = 11

@@ -8,14 +8,14 @@ For each size a store is built once: that many leaf episodes on one channel,
 each with two cited turns and a synthetic 384-d unit vector with cluster
 structure (groups of 40 around random centres, 5 % scattered noise); no text
 is embedded. Then, for each case, a fresh process copies the store and runs
-``runtime.rollup.roll_up`` on it (leaf round, then the era round):
+``runtime.mind.rollup.roll_up`` on it (leaf round, then the era round):
 
 * ``cold``: an empty numba cache directory, so UMAP's and pynndescent's
   numba code is compiled in that process (what every job paid before the
   on-disk cache);
 * ``warm``: the cache directory the cold run filled (what every job pays now).
 
-The job's writer is :class:`runtime.episodes.EpisodeService` on the copied
+The job's writer is :class:`runtime.memories.episodes.EpisodeService` on the copied
 store, plus a stand-in for the indexer: each new parent gets the normalised
 mean of its children's vectors as its vector, so that the era round has
 vectors to cluster. Embedding the parents' gists is the Embedder's work in the
@@ -28,7 +28,7 @@ parents written per level, and memory: ``peak_pss_mib`` sampled every 50 ms by
 this driver from the child's ``/proc/<pid>/smaps_rollup`` (a long numba call
 holds the GIL, so the child could not sample itself), and ``maxrss_mib``
 (``getrusage`` in the child: the kernel's exact peak of RSS, an upper bound of
-PSS). A separate pair of cases times ``runtime.clustering.warm_up`` in a fresh
+PSS). A separate pair of cases times ``runtime.mind.clustering.warm_up`` in a fresh
 process, cold and warm: the one-time compile itself.
 """
 
@@ -57,12 +57,12 @@ CHANNEL = "voice"
 
 def build_store(data_dir: Path, n: int) -> dict[str, Any]:
     """``n`` leaf episodes with cited turns and clustered synthetic vectors."""
-    from runtime import clustering
-    from runtime.clock import ManualClock
-    from runtime.episodes import EpisodeIn, EpisodeService
-    from runtime.fact_kinds import FactKinds
-    from runtime.profiles import MemoryProfiles
-    from runtime.store import Store
+    from runtime.memories.episodes import EpisodeIn, EpisodeService
+    from runtime.memories.profiles import MemoryProfiles
+    from runtime.mind import clustering
+    from runtime.store.database import Store
+    from runtime.store.fact_kinds import FactKinds
+    from runtime.time.clock import ManualClock
 
     settings = c.make_settings(data_dir)
     clock = ManualClock(1_760_000_000.0)
@@ -99,14 +99,14 @@ def child(data_dir: Path, cache_dir: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
     import numpy as np
 
-    from runtime import clustering, rollup
-    from runtime.clock import ManualClock
-    from runtime.episodes import EpisodeIn, EpisodeService
-    from runtime.fact_kinds import FactKinds
-    from runtime.job_context import JobContext
-    from runtime.llm import FallbackChain, OfflineProvider
-    from runtime.profiles import MemoryProfiles
-    from runtime.store import Store
+    from runtime.llm.providers import FallbackChain, OfflineProvider
+    from runtime.memories.episodes import EpisodeIn, EpisodeService
+    from runtime.memories.profiles import MemoryProfiles
+    from runtime.mind import clustering, rollup
+    from runtime.mind.contract import JobContext
+    from runtime.store.database import Store
+    from runtime.store.fact_kinds import FactKinds
+    from runtime.time.clock import ManualClock
 
     clustering.configure_cache(cache_dir)
     clustering.load()  # UMAP, HDBSCAN (and pynndescent's import-time compile)
@@ -158,7 +158,7 @@ def child(data_dir: Path, cache_dir: Path) -> dict[str, Any]:
 
 def child_warm_up(cache_dir: Path) -> dict[str, Any]:
     t0 = time.perf_counter()
-    from runtime import clustering
+    from runtime.mind import clustering
 
     took = clustering.warm_up(cache_dir)
     return {"warm_up_s": round(took, 2), "process_to_ready_s": round(time.perf_counter() - t0, 2)}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The digest step (``runtime.digests.digest_step``) on a long history, offline.
+"""The digest step (``runtime.memories.digests.digest_step``) on a long history, offline.
 
 Usage:
     tools/bench/digests.py [--days 730] [--per-day 15]
@@ -11,7 +11,7 @@ the services (no embedding). Then, with a fixed clock two hours after the last
 day and the offline chain (no language model), times the step twice: the
 first run (every daily within retention, every weekly within retention, every
 monthly) and the next one (nothing new). The writer is
-:class:`runtime.digests.DigestService` on the same store, as the Graph actor
+:class:`runtime.memories.digests.DigestService` on the same store, as the Graph actor
 does it.
 """
 
@@ -26,16 +26,16 @@ from datetime import datetime
 from typing import Any, cast
 from zoneinfo import ZoneInfo
 
-from runtime.clock import ManualClock
 from runtime.config import load_settings
-from runtime.digests import DigestBatch, DigestService, digest_step
-from runtime.episodes import EpisodeIn, EpisodeService
-from runtime.fact_kinds import FactKinds
-from runtime.job_context import JobContext, MemoryWriter
-from runtime.llm import make_llm
-from runtime.profiles import MemoryProfiles
-from runtime.store import Store
-from runtime.transcript import TranscriptService, TurnIn
+from runtime.llm.providers import make_llm
+from runtime.memories.digests import DigestBatch, DigestService, digest_step
+from runtime.memories.episodes import EpisodeIn, EpisodeService
+from runtime.memories.profiles import MemoryProfiles
+from runtime.memories.transcript import TranscriptService, TurnIn
+from runtime.mind.contract import JobContext, MemoryWriter
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
+from runtime.time.clock import ManualClock
 
 WORDS = ("garden dentist plumber marathon dinner trip kitten school piano boiler heating "
          "market").split()

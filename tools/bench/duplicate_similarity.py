@@ -2,7 +2,7 @@
 """How ``memory.duplicate_similarity`` (0.92) was chosen: cosine similarities,
 with the configured embedder, of pairs that say the same thing (paraphrases:
 should be refused as near-duplicates) and of pairs that say different things
-(should be stored), as :mod:`runtime.duplicates` compares them.
+(should be stored), as :mod:`runtime.memories.duplicates` compares them.
 
 Usage:
     tools/bench/duplicate_similarity.py [--json]
@@ -10,7 +10,7 @@ Usage:
 Measured 2026-11-30, all-MiniLM-L6-v2 (ONNX): paraphrases 0.85-0.97 (close
 restatements 0.95-0.97), different memories 0.42-0.78, the same topic with
 another detail 0.89; a changed date, day or negation 0.95-0.99 (the embedding
-blurs them: :func:`runtime.duplicates.details` keeps such pairs apart).
+blurs them: :func:`runtime.memories.duplicates.details` keeps such pairs apart).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from runtime.config import load_settings
-from runtime.duplicates import details, fact_text
-from runtime.embedder import make_embedder
+from runtime.llm.embedder import make_embedder
+from runtime.memories.duplicates import details, fact_text
 
 SAME = [
     ("The spare key is under the blue flower pot.", "The spare key is under the blue plant pot."),

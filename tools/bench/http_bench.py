@@ -117,7 +117,7 @@ sys.path.remove(HERE)
 
 from actors import supervisor  # noqa: E402
 from actors.handles import HttpClient, RecallClient, TranscriptClient, TurnsClient  # noqa: E402
-from actors.http_app import token_path  # noqa: E402
+from actors.http.app import token_path  # noqa: E402
 from actors.messages import (  # noqa: E402
     AppendTurns,
     Recall,
@@ -127,8 +127,8 @@ from actors.messages import (  # noqa: E402
     UserTurn,
 )
 from runtime.config import Settings  # noqa: E402
+from runtime.memories.transcript import TurnIn  # noqa: E402
 from runtime.memory import Memory  # noqa: E402
-from runtime.transcript import TurnIn  # noqa: E402
 
 SEED = 7
 QUERY_SEED = 11

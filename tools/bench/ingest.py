@@ -49,7 +49,7 @@ from actors.common import RECALL, TRANSCRIPT, actor
 from actors.messages import AppendTurns, IndexSynced, Recall, SyncIndex
 from actors.recall import SYNC_STEP
 from runtime.config import Settings
-from runtime.transcript import TurnIn
+from runtime.memories.transcript import TurnIn
 
 WARMUP = 16
 

@@ -23,7 +23,7 @@ job, a preference, a worry) for ``facts``, ``synthesis`` and ``dmn``.
 night and on Sundays, work in weekday office hours, grandma's on Saturday
 afternoons; hourly to every 20 minutes, every 2.4 minutes on the way to and
 from work), ``RecordFixes`` to the Transcript actor, i.e.
-``runtime.location.store_fixes``, which also back-fills Ana's turns said
+``runtime.memories.location.store_fixes``, which also back-fills Ana's turns said
 within 10 minutes of a fix. **Feeds and calendar**: a ``http.server`` thread
 in this process serves two RSS feeds (15 items each, half about what the
 household talks about) for ``[research] feeds`` and an ``.ics`` calendar
@@ -34,7 +34,7 @@ would be a 304).
 The runs. A private local Ray (``_common.local_ray``, dashboard off), the
 actor runtime on the store (``actors.supervisor.start``; the HTTP actor off,
 ``jobs.check_every_s`` so long that Cron never ticks by itself), then every
-job of ``runtime.jobs.JOBS`` in registry order, each with
+job of ``runtime.mind.registry.JOBS`` in registry order, each with
 ``CronClient(ns).run(RunJob(name=..., wait=True))``, what ``reverie jobs run
 NAME --wait`` does: the Cron actor starts a ``JobActor`` for the run, waits
 for it and kills it. The shipped job budget (``jobs.budget_s``, 600 s) holds.
@@ -95,8 +95,8 @@ from actors.common import RECALL, TRANSCRIPT
 from actors.handles import CronClient
 from actors.messages import AppendTurns, Fix, RecordFixes, RunJob
 from runtime.config import Settings
-from runtime.jobs import JOBS
-from runtime.transcript import TurnIn
+from runtime.memories.transcript import TurnIn
+from runtime.mind.registry import JOBS
 
 ZONE = "Europe/Lisbon"
 DAY = 86400.0
@@ -645,7 +645,7 @@ def consolidate_phases(settings: Settings, started: float, ended: float) -> dict
 
 
 def numba_cache_files(settings: Settings) -> int:
-    from runtime.rollup import numba_cache_dir
+    from runtime.mind.rollup import numba_cache_dir
 
     root = numba_cache_dir(settings)
     return sum(1 for p in root.rglob("*") if p.is_file()) if root.exists() else 0

@@ -23,7 +23,7 @@ same job functions the Cron actor fires. Recall then sees episodes and facts
 beside the raw turns; an episode counts through the turns it cites.
 
 With ``--no-temporal`` recall runs without temporal recall
-(``recall.temporal = false``, :mod:`runtime.temporal_recall`), for the
+(``recall.temporal = false``, :mod:`runtime.recall.temporal`), for the
 before/after comparison on the same code.
 
 With ``--loo`` reverie's knobs are also fitted leave-one-conversation-out
@@ -53,7 +53,7 @@ unweighted mean over the folds), and ``metric``, ``pooling`` and
 their leave-one-out figures equal their in-sample figures.
 
 ``--turn-text`` changes, in this process only, the text embedded for a turn
-(:func:`runtime.indexing.document`): ``plain`` is the runtime's own
+(:func:`runtime.recall.indexing.document`): ``plain`` is the runtime's own
 ``speaker: content``; ``dated`` prepends the turn's local date in the
 household zone (``8 May 2023, Caroline: ...``); ``bracketed`` does the same as
 ``[8 May 2023] Caroline: ...``, ``suffixed`` as ``Caroline: ... (8 May 2023)``.
@@ -93,17 +93,17 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from runtime import indexing  # noqa: E402
-from runtime.clock import DAY, ManualClock, household_zone  # noqa: E402
 from runtime.config import RecallSettings, load_settings  # noqa: E402
-from runtime.embedder import Embedder, make_embedder  # noqa: E402
-from runtime.fts import match_expression  # noqa: E402
-from runtime.job_context import JobContext  # noqa: E402
-from runtime.llm import make_llm  # noqa: E402
+from runtime.llm.embedder import Embedder, make_embedder  # noqa: E402
+from runtime.llm.providers import make_llm  # noqa: E402
+from runtime.memories.transcript import TurnIn  # noqa: E402
 from runtime.memory import Memory  # noqa: E402
-from runtime.recall import Recaller  # noqa: E402
-from runtime.store import Row  # noqa: E402
-from runtime.transcript import TurnIn  # noqa: E402
+from runtime.mind.contract import JobContext  # noqa: E402
+from runtime.recall import indexing  # noqa: E402
+from runtime.recall.hybrid import Recaller  # noqa: E402
+from runtime.store.database import Row  # noqa: E402
+from runtime.store.fts import match_expression  # noqa: E402
+from runtime.time.clock import DAY, ManualClock, household_zone  # noqa: E402
 
 log = logging.getLogger("locomo_recall")
 
@@ -112,7 +112,7 @@ CATEGORIES = {1, 2, 3, 4}
 RRF_K = 60
 DEPTH = 10
 SECONDS_PER_TURN = 30.0
-SUBCONSCIOUS_JOBS = ("runtime.consolidate", "runtime.extract")  # each module's run()
+SUBCONSCIOUS_JOBS = ("runtime.mind.consolidate", "runtime.mind.extract")  # each module's run()
 MAX_JOB_ROUNDS = 50
 _DIA = re.compile(r"^D(\d+):(\d+)$")
 
@@ -166,7 +166,7 @@ def local_day(ts: float, zone: tzinfo) -> str:
 
 def use_turn_text(name: str, zone: tzinfo) -> None:
     """Make this process embed turns as ``TURN_TEXTS[name]`` (bench-only: patches
-    :mod:`runtime.indexing`; ``plain`` leaves it alone)."""
+    :mod:`runtime.recall.indexing`; ``plain`` leaves it alone)."""
     template = TURN_TEXTS[name]
     if template is None:
         return
@@ -174,7 +174,7 @@ def use_turn_text(name: str, zone: tzinfo) -> None:
     if "t.created_at" not in sql:
         patched = sql.replace("t.content FROM", "t.content, t.created_at FROM")
         if patched == sql:
-            raise RuntimeError("runtime.indexing's turn query changed; update --turn-text")
+            raise RuntimeError("runtime.recall.indexing's turn query changed; update --turn-text")
         indexing._PENDING["turn"] = patched
     plain = indexing.document
 

@@ -47,7 +47,7 @@ read-only connection (WAL lets it read while the actor writes) every
 ``--poll-ms`` ms: ``SELECT ... WHERE id > last``. Two delays per message:
 
 * **publish -> stored_at**: ``stored_at`` is the Transcript actor's
-  ``time.time()`` in ``runtime.location.store_fixes`` -- taken once per call,
+  ``time.time()`` in ``runtime.memories.location.store_fixes`` -- taken once per call,
   *before* ``BEGIN IMMEDIATE`` and the inserts, so it misses the transaction
   and commit of that batch;
 * **publish -> visible**: when the polling reader first saw the row (after the
@@ -96,10 +96,10 @@ from actors.handles import EdgeClient, TranscriptClient
 from actors.messages import RecordFixes
 from device.records import LocationRecord
 from device.topics import TopicMap
-from runtime import location
 from runtime.config import Settings
-from runtime.fact_kinds import FactKinds
-from runtime.store import Store
+from runtime.memories import location
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
 from tests.mosquitto import free_port, start_mosquitto, stop_process, wait_listening
 
 USER = "bench"

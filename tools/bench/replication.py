@@ -111,8 +111,8 @@ from device.replicator import (
     restore_into,
 )
 from runtime.config import ReplicaSettings, Settings
-from runtime.embedder import MINILM_DIM, MINILM_NAME
-from runtime.transcript import TranscriptService, TurnIn
+from runtime.llm.embedder import MINILM_DIM, MINILM_NAME
+from runtime.memories.transcript import TranscriptService, TurnIn
 
 WARMUP = 16
 POLL_S = 0.05            # replica directory listing interval

@@ -24,7 +24,7 @@ with). On it:
    ``GET /ping`` (polled every 10 ms, a new connection each; ``cold start``):
      actor         one plain Ray actor (``num_cpus=0``) that binds 127.0.0.1 on a
                    free port itself (``socket.socket(AF_INET, SOCK_STREAM,
-                   IPPROTO_TCP)``, as ``actors/http.py``: with protocol 0 asyncio
+                   IPPROTO_TCP)``, as ``actors/http/server.py``: with protocol 0 asyncio
                    leaves Nagle on and each answer waits ≈ 40 ms for the client's
                    delayed ACK) and runs uvicorn on it in one thread, with asyncio's
                    loop and h11, which is what Reverie's venv runs (no uvloop nor
@@ -133,7 +133,7 @@ def make_app(echo: Any) -> Any:
 
 
 def listen_loopback() -> socket.socket:
-    # IPPROTO_TCP, not 0, as actors/http.py: asyncio sets TCP_NODELAY on accepted
+    # IPPROTO_TCP, not 0, as actors/http/server.py: asyncio sets TCP_NODELAY on accepted
     # connections only when the listening socket's protocol says TCP.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -143,7 +143,7 @@ def listen_loopback() -> socket.socket:
 
 
 class HttpServer:
-    """uvicorn + the FastAPI app in one thread of one actor (as ``actors/http.py``)."""
+    """uvicorn + the FastAPI app in one thread of one actor (as ``actors/http/server.py``)."""
 
     def __init__(self, namespace: str, loop: str, protocol: str) -> None:
         import ray

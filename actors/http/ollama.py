@@ -1,0 +1,179 @@
+"""Ollama-compatible chat: ``POST /api/chat`` (streamed as NDJSON by default, as
+Ollama does, or one JSON object with ``"stream": false``), ``GET /api/tags``
+and ``GET /api/version``.
+
+Tools that speak Ollama's API can then use Reverie as their model, with
+memory: the last user message is one turn on the same path as ``reverie
+chat`` (turn-zero recall, the configured upstream model, transcript writes),
+of the channel named by the ``X-Reverie-Channel`` header (default ``chat``),
+spoken by the ``X-Reverie-Speaker`` header. ``model`` is matched as in the
+OpenAI-compatible endpoint (an alias, an upstream model or provider, or
+``reverie``), with Ollama's ``:latest`` tag optional. The answer's last object
+carries the ``reverie`` extension (citations, provider, turn and reply ids).
+
+Like every endpoint, these need the bearer token; Ollama's own clients send
+it with ``headers={"Authorization": "Bearer …"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+from fastapi import FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.concurrency import run_in_threadpool
+
+from actors.http.backend import Backend
+from actors.http.openai import Models, extension, first_and_rest, text_of
+from actors.messages import TurnDelta, TurnReply, UserTurn
+from runtime.config import Settings
+
+log = logging.getLogger(__name__)
+
+#: The Ollama API version this endpoint follows (clients check it is recent enough).
+OLLAMA_VERSION = "0.6.0"
+
+
+class OllamaMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: str = Field(max_length=40)
+    content: str | None = None
+
+
+class OllamaChat(BaseModel):
+    """Ollama's chat request; options, tools, format and keep_alive are accepted
+    and not used."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1, max_length=200)
+    messages: list[OllamaMessage] = Field(min_length=1, max_length=1000)
+    stream: bool = True
+
+
+def inline_defs(schema: dict[str, Any]) -> dict[str, Any]:
+    """A pydantic JSON schema with its ``$defs`` written in place: in the OpenAPI
+    document, ``#/$defs/…`` would point at the document's root, not at the schema."""
+    defs = schema.pop("$defs", {})
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            ref = node.get("$ref")
+            if isinstance(ref, str) and ref.startswith("#/$defs/"):
+                return walk(defs[ref.removeprefix("#/$defs/")])
+            return {key: walk(value) for key, value in node.items()}
+        if isinstance(node, list):
+            return [walk(item) for item in node]
+        return node
+
+    return dict(walk(schema))
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat().replace("+00:00", "Z")
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _done(model: str, reply: TurnReply, content: str, started: float) -> dict[str, Any]:
+    return {"model": model, "created_at": _now(),
+            "message": {"role": "assistant", "content": content},
+            "done": True, "done_reason": "stop",
+            "total_duration": int((time.monotonic() - started) * 1e9),
+            "reverie": extension(reply)}
+
+
+def install(app: FastAPI, settings: Settings, backend: Backend) -> None:
+    models = Models(settings)
+
+    def served(name: str) -> str | None:
+        """The name as /v1/models knows it; None when not served."""
+        for candidate in (name, name.removesuffix(":latest")):
+            if candidate in models.names:
+                return candidate
+        return None
+
+    @app.get("/api/version", tags=["ollama"])
+    def version() -> dict[str, str]:
+        """The Ollama API version this server follows."""
+        return {"version": OLLAMA_VERSION}
+
+    @app.get("/api/tags", tags=["ollama"])
+    def tags() -> dict[str, Any]:
+        """The models a chat request may name (as ``/v1/models``), tagged ``:latest``."""
+        stamp = _now()
+        return {"models": [
+            {"name": f"{name}:latest", "model": f"{name}:latest", "modified_at": stamp,
+             "size": 0, "digest": "",
+             "details": {"format": "", "family": "reverie", "families": None,
+                         "parameter_size": "", "quantization_level": ""}}
+            for name in models.names]}
+
+    @app.post("/api/chat", tags=["ollama"], response_model=None, openapi_extra={
+        "requestBody": {"required": True, "content": {
+            "application/json": {"schema": inline_defs(OllamaChat.model_json_schema())}}}})
+    async def chat(request: Request,
+                   x_reverie_speaker: str | None = Header(default=None, max_length=200),
+                   x_reverie_channel: str = Header(default="chat", min_length=1,
+                                                   max_length=200),
+                   ) -> JSONResponse | StreamingResponse | dict[str, Any]:
+        """Ollama-compatible chat: the last user message is one turn (as ``reverie
+        chat``); streamed as NDJSON unless ``"stream": false``. Extension:
+        ``reverie`` in the last object. The body is JSON whatever its
+        Content-Type says (``curl -d`` sends a form type; Ollama reads JSON)."""
+        try:
+            body = OllamaChat.model_validate_json(await request.body())
+        except ValidationError as exc:
+            raise RequestValidationError(
+                [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+            ) from None
+        return await run_in_threadpool(answer, body, x_reverie_speaker, x_reverie_channel)
+
+    def answer(body: OllamaChat, speaker: str | None,
+               channel: str) -> JSONResponse | StreamingResponse | dict[str, Any]:
+        name = served(body.model)
+        if name is None:
+            return _error(404, f"model {body.model!r} not found; see /api/tags")
+        users = [m for m in body.messages if m.role == "user"]
+        text = text_of(users[-1].content) if users else ""
+        if not text.strip():
+            return _error(400, "messages: no user message with text")
+        turn = UserTurn(channel=channel, text=text, model=models.upstream(name),
+                        speaker=speaker)
+        started = time.monotonic()
+        if not body.stream:
+            reply = backend.turn(turn)
+            return _done(body.model, reply, reply.text, started)
+        first, rest = first_and_rest(backend.turn_stream(turn))
+        return StreamingResponse(_lines(first, rest, body.model, started),
+                                 media_type="application/x-ndjson")
+
+
+def _lines(first: TurnDelta | TurnReply, rest: Iterator[TurnDelta | TurnReply],
+           model: str, started: float) -> Iterator[bytes]:
+    """One JSON object per line: a message piece each, then the ``done`` one."""
+    item = first
+    while True:
+        if isinstance(item, TurnReply):
+            yield json.dumps(_done(model, item, "", started)).encode() + b"\n"
+            return
+        if item.text:
+            yield json.dumps({"model": model, "created_at": _now(),
+                              "message": {"role": "assistant", "content": item.text},
+                              "done": False}).encode() + b"\n"
+        try:
+            item = next(rest)
+        except Exception as exc:  # StopIteration included: the client learns it failed
+            log.warning("a streamed turn failed half-way: %s", type(exc).__name__)
+            yield json.dumps({"error": "the reply stream broke"}).encode() + b"\n"
+            return

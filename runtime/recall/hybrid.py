@@ -1,0 +1,679 @@
+"""Hybrid recall: vector neighbours beside FTS5 keywords, reranked.
+
+Candidates come from the hnswlib indexes (per memory kind) and from FTS5 over
+the transcript, episodes and facts (plus, with ``recall.keyword_feedback``, a
+second FTS5 search for the words the best keyword hits share). Each
+candidate's relevance blends its cosine similarity to the query with its
+normalised keyword score; a turn also borrows part of its neighbours'
+similarity and keyword score (conversation context). A candidate
+must clear an absolute relevance gate, then the final score (relevance,
+recency/decay weight, salience; for episodes, an open thread's bonus and the
+mood's congruence bonus) must reach a fraction of the best one: weak
+candidates are dropped, never used as padding, and an unrelated query gets
+nothing. The result respects a budget of items and tokens. If the vector path
+fails, recall degrades to a deterministic keyword-only top-N.
+
+Each memory is rendered as one line of text for the prompt (:func:`render`),
+with its dates in the household's time zone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, tzinfo
+from typing import Any, cast
+
+import apsw
+import numpy as np
+
+from runtime.config import RecallSettings
+from runtime.llm.embedder import Embedder
+from runtime.memories import privacy
+from runtime.memories.decay import episode_weight, fact_weight, recency_weight
+from runtime.memories.mood import MoodService, congruence_bonus
+from runtime.memories.mood import current as current_mood
+from runtime.memories.threads import recall_bonus as thread_bonus
+from runtime.recall import temporal as temporal_recall
+from runtime.store.database import Row, Store
+from runtime.store.fact_kinds import FactKinds
+from runtime.store.fts import MAX_QUERY_CHARS, TermCounts, match_expression, query_terms
+from runtime.store.vector_index import KINDS, VectorIndex
+from runtime.time.clock import Clock, household_zone
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int]
+
+# (kind, FTS table, content table, what makes a row recallable)
+_FTS_SOURCES = (
+    ("turn", "transcript_fts", "transcript", "transcript.memory = 1 AND transcript.disabled = 0"),
+    ("episode", "episodes_fts", "episodes",
+     "episodes.tombstoned_at IS NULL AND episodes.disabled = 0"),
+    # a claim that lost a contradiction has an empty window: never in force, never recalled
+    ("fact", "facts_fts", "facts",
+     "facts.disabled = 0 AND (facts.valid_to IS NULL OR facts.valid_to > facts.valid_from)"),
+)
+_RECALLABLE = {kind: where for kind, _, _, where in _FTS_SOURCES}
+
+# Default salience of a raw transcript row (episodes carry their own, 1-10).
+TURN_SALIENCE = 5
+# Share of a neighbouring turn's relevance a turn borrows.
+NEIGHBOUR_SHARE = 0.5
+# Weight of the keyword score beside cosine similarity in relevance.
+LEXICAL_WEIGHT = 0.5
+# Keyword hits ranked per memory kind before muted/dead rows are dropped.
+LEXICAL_OVERFETCH = 3
+# Pseudo-relevance feedback (recall.keyword_feedback): the words shared by the
+# best keyword hits among the turns (at most this many turns and this many
+# words) are searched for, and at most this many turns are kept of what they find.
+FEEDBACK_TURNS = 3
+FEEDBACK_TERMS = 8
+FEEDBACK_HITS = 15
+# A word found in more than this share of the turns (and in more than
+# FEEDBACK_MIN_TURNS of them) is not searched for in feedback: it says little
+# (bm25 weighs it low), and ranking every turn it is in is what a big store's
+# feedback search cost (a household's names and chat words: at 100k turns the
+# keyword stage took 21.6 ms p50 with them, 13.3 without). A small store
+# searches every word, as before.
+FEEDBACK_MAX_SHARE = 0.01
+FEEDBACK_MIN_TURNS = 50
+# Turns an episode or a fact contributes, best first, before the next items'
+# (RecallResult.cited_turns); the rest follow after every item's first ones.
+TURNS_PER_ITEM_FIRST = 3
+# Raw turns age on the leaf time constant.
+TURN_TAU_DAYS = 14.0
+# Rows looked at on each side of a turn for its same-channel neighbours, per
+# neighbour wanted (recall.context_turns).
+NEIGHBOUR_REACH = 4
+# Ids per "IN (...)" query, well within SQLite's limit on parameters.
+ID_CHUNK = 5000
+
+
+def approx_tokens(text: str) -> int:
+    """A token estimate for budgeting: about four characters per token."""
+    return max(1, math.ceil(len(text) / 4))
+
+
+@dataclass(frozen=True)
+class RecallItem:
+    ref: str
+    kind: str
+    item_id: int
+    text: str
+    score: float
+    relevance: float
+    channel: str | None
+    created_at: float
+    turns: tuple[int, ...]
+    tokens: int
+    sensitive: bool = False  # runtime.memories.privacy: who may be given it
+    person: str | None = None  # whose memory it is (None: the household's)
+
+
+@dataclass
+class RecallResult:
+    query: str
+    items: list[RecallItem] = field(default_factory=list)
+    degraded: bool = False
+    reason: str | None = None
+    elapsed_ms: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return sum(i.tokens for i in self.items)
+
+    @property
+    def refs(self) -> list[str]:
+        return [i.ref for i in self.items]
+
+    def cited_turns(self, first_pass: int | None = None) -> list[int]:
+        """Transcript rows cited by the items, without repeats.
+
+        An item's turns come best first (an episode's or a fact's cited turns
+        are ordered by their own relevance to the query). In a first pass each
+        item, in rank order, gives at most ``first_pass`` turns (default
+        :data:`TURNS_PER_ITEM_FIRST`); the rest follow in a second pass, so
+        one broad episode citing dozens of turns cannot push every other
+        memory's evidence out of the first ten."""
+        cap = TURNS_PER_ITEM_FIRST if first_pass is None else first_pass
+        seen: dict[int, None] = {}
+        for item in self.items:
+            for t in item.turns[:cap]:
+                seen.setdefault(t, None)
+        for item in self.items:
+            for t in item.turns[cap:]:
+                seen.setdefault(t, None)
+        return list(seen)
+
+
+def _date(ts: float, zone: tzinfo) -> str:
+    return datetime.fromtimestamp(ts, tz=zone).strftime("%Y-%m-%d")
+
+
+@dataclass
+class _Candidate:
+    kind: str
+    item_id: int
+    row: Row
+    cosine: float = 0.0
+    lexical: float = 0.0
+    relevance: float = 0.0
+    weight: float = 1.0
+    salience: int = TURN_SALIENCE
+    turns: tuple[int, ...] = ()
+    bonus: float = 0.0  # an open thread, mood congruence (memories.threads, .mood)
+
+
+class Recaller:
+    def __init__(
+        self,
+        store: Store,
+        index: VectorIndex,
+        embedder: Embedder,
+        kinds: FactKinds,
+        settings: RecallSettings,
+        clock: Clock,
+        zone: tzinfo | None = None,
+    ) -> None:
+        """``zone``: the household's time zone, in which memories' dates are shown
+        (default: the system's zone)."""
+        self.store = store
+        self.index = index
+        self.embedder = embedder
+        self.kinds = kinds
+        self.settings = settings
+        self.clock = clock
+        self.zone = household_zone() if zone is None else zone
+        # one thread for the keyword stage (its thread ends with this object)
+        self._keywords = ThreadPoolExecutor(max_workers=1, thread_name_prefix="recall-keywords")
+        self._words: TermCounts | None = None  # the turns' word counts (feedback), once asked
+        # most turns' neighbours were not right beside them last time (channels
+        # interleave): read each turn's whole reach at once (_neighbours)
+        self._wide = False
+
+    # -- public -----------------------------------------------------------
+
+    def recall(
+        self,
+        query: str,
+        now: float | None = None,
+        max_items: int | None = None,
+        max_tokens: int | None = None,
+        exclude: Iterable[str] = (),
+        person: str | None = None,
+    ) -> RecallResult:
+        """Recall for ``query``. ``exclude``: refs left out before ranking (the
+        turn being answered and the history already in the prompt). ``person``:
+        scoped to that person's memories and the household's
+        (:func:`runtime.memories.privacy.in_scope`)."""
+        started = time.perf_counter()
+        now = self.clock.now() if now is None else now
+        max_items = self.settings.max_items if max_items is None else max_items
+        max_tokens = self.settings.max_tokens if max_tokens is None else max_tokens
+        query = query[:MAX_QUERY_CHARS]
+        result = RecallResult(query=query)
+        if query.strip() and max_items > 0 and max_tokens > 0:
+            # the keyword stage runs beside the query embedding (SQLite and
+            # onnxruntime both let go of the GIL), on this recall's connection
+            # while this thread does not use it
+            lexical = self._keywords.submit(self._lexical, query)
+            try:
+                qvec = self.embedder.embed([query])[0]
+                cands = self._hybrid(query, qvec, now, lexical.result())
+            except Exception as exc:  # the vector path failed: degrade, never raise
+                log.warning("recall vector path failed, using keyword fallback: %s", exc)
+                result.degraded, result.reason = True, f"{type(exc).__name__}: {exc}"
+                cands = self._fallback(lexical.result(), now)  # the keywords, found once
+                max_items = min(max_items, self.settings.fallback_items)
+            skip = set(exclude)
+            if skip:
+                cands = [c for c in cands if f"{c.kind}:{c.item_id}" not in skip]
+            cands = [c for c in cands if privacy.recallable(c.kind, c.row)
+                     and privacy.in_scope(person, privacy.row_person(c.kind, c.row))]
+            result.items = self._budget(cands, now, max_items, max_tokens)
+        result.elapsed_ms = (time.perf_counter() - started) * 1000
+        return result
+
+    # -- candidate generation ---------------------------------------------
+
+    def _dense(self, qvec: np.ndarray) -> tuple[dict[Key, float], float]:
+        """The vector search's hits, and the similarity below which a turn it did
+        not return must lie: its last turn hit's when it returned all it was asked
+        for (the index is approximate: nearly always), else -inf (it returned
+        every turn it holds)."""
+        found: dict[Key, float] = {}
+        labels_by_kind: dict[str, dict[int, float]] = {}
+        turn_floor = -math.inf
+        for kind in KINDS:
+            labels, sims = self.index.search(kind, qvec, self.settings.candidates)
+            labels_by_kind[kind] = {int(lb): float(s) for lb, s in zip(labels, sims)}
+            if kind == "turn" and len(sims) >= self.settings.candidates:
+                turn_floor = float(np.min(sims))
+        for kind, sims_by_label in labels_by_kind.items():
+            if not sims_by_label:
+                continue
+            marks = ",".join("?" for _ in sims_by_label)
+            for label, item_id in self.store.conn.execute(
+                f"SELECT id, item_id FROM vectors WHERE id IN ({marks})", list(sims_by_label)
+            ):
+                found[(kind, item_id)] = sims_by_label[label]
+        return found, turn_floor
+
+    def _lexical(self, query: str) -> dict[Key, float]:
+        expr = match_expression(query)
+        if expr is None:
+            return {}
+        k = self.settings.candidates
+        found: dict[Key, float] = {}
+        for kind, table, source, live in _FTS_SOURCES:
+            # rank inside FTS5 first (over-fetching), then keep the recallable rows:
+            # joining every match before ranking costs twice as much on big stores
+            hits = list(self.store.conn.execute(
+                f"SELECT f.rowid, f.score FROM (SELECT rowid, -bm25({table}) AS score"
+                f" FROM {table} WHERE {table} MATCH ? ORDER BY bm25({table}) LIMIT ?) f"
+                f" JOIN {source} ON {source}.id = f.rowid WHERE {live}"
+                f" ORDER BY f.score DESC LIMIT ?", (expr, k * LEXICAL_OVERFETCH, k)))
+            if not hits:
+                continue
+            best = max(score for _, score in hits) or 1.0
+            for rowid, score in hits:
+                found[(kind, int(rowid))] = max(0.0, float(score) / best)
+        if self.settings.keyword_feedback > 0:
+            try:  # an extra: when it fails, the keywords found stand
+                self._feedback(query, found)
+            except apsw.Error as exc:
+                log.warning("keyword feedback skipped: %s", type(exc).__name__)
+        return found
+
+    def _feedback(self, query: str, found: dict[Key, float]) -> None:
+        """Pseudo-relevance feedback: the words the best keyword hits among the
+        turns share, beyond the query's own, are searched for too; a turn they
+        find scores ``recall.keyword_feedback`` times that search's normalised
+        bm25, unless its own score is higher. ``found`` is updated in place."""
+        top = sorted((-score, item_id) for (kind, item_id), score in found.items()
+                     if kind == "turn")[:FEEDBACK_TURNS]
+        if not top:
+            return
+        ids = [item_id for _, item_id in top]
+        content = dict(self.store.conn.execute(
+            f"SELECT id, content FROM transcript WHERE id IN ({','.join('?' * len(ids))})", ids))
+        asked = set(query_terms(query))
+        counts: dict[str, int] = {}
+        for item_id in ids:  # best hit first, so ties keep its words first
+            for term in query_terms(str(content.get(item_id, ""))):
+                if term not in asked:
+                    counts[term] = counts.get(term, 0) + 1
+        if self._words is None:
+            self._words = TermCounts(self.store.conn, "transcript_fts", "transcript")
+        most = max(FEEDBACK_MIN_TURNS, FEEDBACK_MAX_SHARE * self._words.rows())
+        docs = self._words.docs(counts)
+        terms = sorted((t for t in counts if docs[t] <= most),
+                       key=lambda t: -counts[t])[:FEEDBACK_TERMS]
+        expr = match_expression(" ".join(terms))
+        if expr is None:
+            return
+        hits = list(self.store.conn.execute(
+            "SELECT f.rowid, f.score FROM (SELECT rowid, -bm25(transcript_fts) AS score"
+            " FROM transcript_fts WHERE transcript_fts MATCH ? ORDER BY bm25(transcript_fts)"
+            f" LIMIT ?) f JOIN transcript ON transcript.id = f.rowid WHERE {_RECALLABLE['turn']}"
+            " ORDER BY f.score DESC LIMIT ?",
+            (expr, FEEDBACK_HITS * LEXICAL_OVERFETCH, FEEDBACK_HITS)))
+        if not hits:
+            return
+        best = max(score for _, score in hits) or 1.0
+        share = self.settings.keyword_feedback
+        for rowid, score in hits:
+            key = ("turn", int(rowid))
+            found[key] = max(found.get(key, 0.0), share * max(0.0, float(score) / best))
+
+    def _load(self, keys: Iterable[Key], now: float) -> dict[Key, _Candidate]:
+        by_kind: dict[str, list[int]] = {}
+        for kind, item_id in keys:
+            by_kind.setdefault(kind, []).append(item_id)
+        out: dict[Key, _Candidate] = {}
+        mood = current_mood(MoodService(self.store).latest(), now) if "episode" in by_kind \
+            else None
+        for kind, ids in by_kind.items():
+            marks = ",".join("?" for _ in ids)
+            if kind == "turn":
+                for row in self.store.rows(
+                        f"SELECT * FROM transcript WHERE id IN ({marks}) AND {_RECALLABLE['turn']}",
+                        ids):
+                    out[(kind, row["id"])] = _Candidate(
+                        kind, row["id"], row,
+                        weight=recency_weight(row["created_at"], now, TURN_TAU_DAYS),
+                        turns=(row["id"],))
+            elif kind == "episode":
+                rows = self.store.rows(
+                    f"SELECT * FROM episodes WHERE id IN ({marks}) AND {_RECALLABLE['episode']}",
+                    ids)
+                cites = self._episode_citations([r["id"] for r in rows])
+                for row in rows:
+                    out[(kind, row["id"])] = _Candidate(
+                        kind, row["id"], row,
+                        weight=episode_weight(row["level"], row["last_relevant_at"], now,
+                                              memory_level=row["memory_level"]),
+                        salience=row["salience"], turns=tuple(cites.get(row["id"], ())),
+                        bonus=thread_bonus(row, self.settings.weight_thread)
+                        + congruence_bonus(mood, row["emotion"], self.settings.weight_mood))
+            else:
+                for row in self.store.rows(
+                        f"SELECT * FROM facts WHERE id IN ({marks}) AND {_RECALLABLE['fact']}",
+                        ids):
+                    if row["kind"] not in self.kinds:
+                        continue
+                    out[(kind, row["id"])] = _Candidate(
+                        kind, row["id"], row,
+                        weight=fact_weight(self.kinds.policy(row["kind"]), row["confirmed_at"],
+                                           now, row["valid_to"], row["memory_level"]),
+                        salience=round(1 + 9 * row["confidence"]),
+                        turns=_fact_turns(row["provenance"]))
+        return out
+
+    def _episode_citations(self, ids: list[int]) -> dict[int, list[int]]:
+        if not ids:
+            return {}
+        marks = ",".join("?" for _ in ids)
+        cites: dict[int, list[int]] = {}
+        for episode_id, turn_id in self.store.conn.execute(
+            f"SELECT episode_id, transcript_id FROM episode_citations"
+            f" WHERE episode_id IN ({marks}) ORDER BY episode_id, transcript_id", ids
+        ):
+            cites.setdefault(episode_id, []).append(turn_id)
+        return cites
+
+    def _similarities(self, keys: Iterable[Key], qvec: np.ndarray) -> dict[Key, float]:
+        """Cosine to the query of each stored vector among ``keys`` (vectors are
+        L2-normalised): one read per kind and one matrix product, not a dot per row."""
+        out: dict[Key, float] = {}
+        by_kind: dict[str, list[int]] = {}
+        for kind, item_id in keys:
+            by_kind.setdefault(kind, []).append(item_id)
+        for kind, ids in by_kind.items():
+            for start in range(0, len(ids), ID_CHUNK):  # within SQLite's parameter limit
+                chunk = ids[start:start + ID_CHUNK]
+                rows = cast(list[tuple[int, bytes]], self.store.conn.execute(
+                    f"SELECT item_id, vec FROM vectors WHERE kind = ?"
+                    f" AND item_id IN ({','.join('?' * len(chunk))})", [kind, *chunk]).fetchall())
+                if not rows:
+                    continue
+                mat = np.frombuffer(b"".join(blob for _, blob in rows), dtype=np.float32)
+                sims = mat.reshape(len(rows), -1) @ qvec
+                out.update(((kind, item_id), float(sim))
+                           for (item_id, _), sim in zip(rows, sims))
+        return out
+
+    def _neighbours(self, turn_rows: list[Row], span: int) -> dict[int, list[int]]:
+        """Each turn's same-channel neighbours: up to ``span`` on each side, the
+        nearest first, looked for among the ``NEIGHBOUR_REACH * span`` rows on
+        each side. The rows right beside every turn are read first; only a turn
+        that did not find ``span`` neighbours on a side there (another channel
+        between, a row pruned, the store's edge) has its whole reach read; when
+        most turns did not, the next recall reads every turn's reach at once."""
+        reach = span * NEIGHBOUR_REACH
+        first = reach if self._wide else span  # channels interleaved last time: read all
+        channel_of = self._channels([row["id"] for row in turn_rows], first)
+        found: dict[int, list[int]] = {}
+        short: list[Row] = []
+        apart = 0  # turns whose neighbours are not all right beside them
+        for row in turn_rows:
+            near = _same_channel(channel_of, row["id"], row["channel"], span, first)
+            if near is None:
+                short.append(row)
+            else:
+                found[row["id"]] = near
+            if near is None or any(abs(i - row["id"]) > span for i in near):
+                apart += 1
+        self._wide = 2 * apart > len(turn_rows)
+        if short:
+            if first < reach:
+                channel_of.update(self._channels([row["id"] for row in short], reach))
+            for row in short:
+                found[row["id"]] = _same_channel(channel_of, row["id"], row["channel"],
+                                                 span, reach, whole=True) or []
+        return found
+
+    def _channels(self, turn_ids: list[int], half: int) -> dict[int, str]:
+        """The channel of every row within ``half`` rowids of each of ``turn_ids``:
+        merged rowid ranges (cheap), the channel compared in Python (asking SQLite
+        for "channel = ? AND id BETWEEN" walks the channel index instead)."""
+        ranges: list[list[int]] = []
+        for turn_id in sorted(turn_ids):
+            if ranges and turn_id - half <= ranges[-1][1] + 1:
+                ranges[-1][1] = turn_id + half
+            else:
+                ranges.append([turn_id - half, turn_id + half])
+        channel_of: dict[int, str] = {}
+        for start in range(0, len(ranges), ID_CHUNK // 2):  # two parameters a range
+            chunk = ranges[start:start + ID_CHUNK // 2]
+            channel_of.update(self.store.conn.execute(
+                "SELECT id, channel FROM transcript WHERE "
+                + " OR ".join("id BETWEEN ? AND ?" for _ in chunk),
+                [bound for pair in chunk for bound in pair]))
+        return channel_of
+
+    def _neighbour_cosines(self, cands: dict[Key, _Candidate], qvec: np.ndarray,
+                           lexical: dict[Key, float] | None = None,
+                           known: dict[Key, float] | None = None,
+                           floor: float = math.inf) -> None:
+        """Let each turn borrow part of its best neighbour's similarity, and
+        (``recall.neighbour_keywords``) part of its best neighbour's keyword score
+        above its own: the words of a question often sit in the turn before its
+        answer. ``lexical``: the keyword stage's scores, candidates or not;
+        ``known``: similarities already computed (the vector search's hits);
+        ``floor``: the similarity below which every turn not in ``known`` lies
+        (``_dense``; inf: nothing known of the others)."""
+        turn_rows = [c.row for c in cands.values() if c.kind == "turn"]
+        if not turn_rows or NEIGHBOUR_SHARE <= 0 or self.settings.context_turns <= 0:
+            return
+        neighbour_ids = self._neighbours(turn_rows, self.settings.context_turns)
+        # similarities known already: the vector search's hits, the candidates
+        sims = {key[1]: sim for key, sim in (known or {}).items() if key[0] == "turn"}
+        sims.update((row["id"], cands[("turn", row["id"])].cosine) for row in turn_rows)
+        # A neighbour the vector search did not return lies below its last hit
+        # (floor): it can lend only to a turn below that too, so only those
+        # turns' other neighbours are read (most candidates lend to none).
+        wanted = {("turn", i) for row in turn_rows
+                  if cands[("turn", row["id"])].cosine < floor
+                  for i in neighbour_ids[row["id"]] if i not in sims}
+        sims.update((key[1], sim) for key, sim in self._similarities(wanted, qvec).items())
+        for row in turn_rows:
+            near = [sims[i] for i in neighbour_ids[row["id"]] if i in sims]
+            if near:
+                cand = cands[("turn", row["id"])]
+                cand.relevance += NEIGHBOUR_SHARE * max(0.0, max(near) - cand.cosine)
+        share = self.settings.neighbour_keywords
+        if share > 0 and lexical:
+            for row in turn_rows:
+                words = max((lexical.get(("turn", i), 0.0) for i in neighbour_ids[row["id"]]),
+                            default=0.0)
+                cand = cands[("turn", row["id"])]
+                cand.relevance += share * max(0.0, words - cand.lexical)
+
+    def _hybrid(self, query: str, qvec: np.ndarray, now: float,
+                lexical: dict[Key, float]) -> list[_Candidate]:
+        dense, floor = self._dense(qvec)
+        when = (temporal_recall.read(query, now, self.zone)  # a time named or asked for
+                if self.settings.temporal else None)
+        if when is not None:
+            dense.update(temporal_recall.pull_in(self.store, when, qvec, dense.keys() | lexical))
+        cands = self._load(set(dense) | set(lexical), now)
+        missing = [k for k in cands if k not in dense]
+        dense.update(self._similarities(missing, qvec))
+        gate = self.settings.min_cosine
+        named = set(query_terms(query))
+        kept: dict[Key, _Candidate] = {}
+        for key, cand in cands.items():
+            cand.cosine = dense.get(key, 0.0)
+            cand.lexical = lexical.get(key, 0.0)
+            lexical_gate = cand.lexical > 0 and cand.cosine >= gate - 0.1
+            if cand.cosine < gate and not lexical_gate:
+                continue
+            cand.relevance = cand.cosine + LEXICAL_WEIGHT * cand.lexical
+            speaker = cand.row.get("speaker") if cand.kind == "turn" else None
+            if speaker and named.intersection(query_terms(speaker)):
+                cand.relevance += self.settings.speaker_bonus
+            if when is not None:
+                cand.relevance += (self.settings.weight_temporal
+                                   * temporal_recall.bonus(when, cand.kind, cand.row))
+            kept[key] = cand
+        self._neighbour_cosines(kept, qvec, lexical, dense, floor)
+        self._order_cited_turns(kept, qvec)
+        return list(kept.values())
+
+    def _order_cited_turns(self, cands: dict[Key, _Candidate], qvec: np.ndarray) -> None:
+        """Order each episode's and fact's cited turns by their own similarity to
+        the query, best first; turns with no vector (pruned, or never memory)
+        keep their order after the others."""
+        wanted = sorted({t for c in cands.values() if c.kind != "turn" and len(c.turns) > 1
+                         for t in c.turns})
+        if not wanted:
+            return
+        sims = {key[1]: sim for key, sim in
+                self._similarities([("turn", t) for t in wanted], qvec).items()}
+        for cand in cands.values():
+            if cand.kind != "turn" and len(cand.turns) > 1:
+                cand.turns = tuple(sorted(cand.turns, key=lambda t: -sims.get(t, -2.0)))
+
+    def _fallback(self, lexical: dict[Key, float], now: float) -> list[_Candidate]:
+        cands = self._load(lexical, now)
+        for key, cand in cands.items():
+            cand.lexical = lexical[key]
+            cand.relevance = cand.lexical
+        return list(cands.values())
+
+    # -- ranking and budget -----------------------------------------------
+
+    def _final(self, cand: _Candidate) -> float:
+        """A candidate's score; an episode's and a fact's are multiplied by their
+        layer's weight (``recall.weight_episodes``, ``recall.weight_facts``)."""
+        s = self.settings
+        score = (s.weight_relevance * cand.relevance + s.weight_recency * cand.weight
+                 + s.weight_salience * cand.salience / 10.0 + cand.bonus)
+        if cand.kind == "episode":
+            return score * s.weight_episodes
+        if cand.kind == "fact":
+            return score * s.weight_facts
+        return score
+
+    def _budget(self, cands: list[_Candidate], now: float, max_items: int,
+                max_tokens: int) -> list[RecallItem]:
+        if not cands:
+            return []
+        scored = sorted(((self._final(c), c) for c in cands),
+                        key=lambda sc: (-sc[0], KINDS.index(sc[1].kind), sc[1].item_id))
+        floor = self.settings.relative_floor * scored[0][0]
+        items: list[RecallItem] = []
+        used = 0
+        seared = 0
+        for score, cand in scored:
+            if score < floor or len(items) >= max_items:
+                break
+            if cand.row.get("memory_level") == "seared":  # at most a couple at once
+                if seared >= self.settings.max_seared:
+                    continue
+                seared += 1
+            text = render(cand.kind, cand.row, self.zone)
+            tokens = approx_tokens(text)
+            if used + tokens > max_tokens:
+                break
+            used += tokens
+            items.append(RecallItem(
+                ref=f"{cand.kind}:{cand.item_id}", kind=cand.kind, item_id=cand.item_id,
+                text=text, score=round(score, 6), relevance=round(cand.relevance, 6),
+                channel=cand.row.get("channel"),
+                created_at=float(cand.row.get("created_at") or cand.row.get("recorded_at") or 0),
+                turns=cand.turns, tokens=tokens, sensitive=bool(cand.row.get("sensitive")),
+                person=privacy.row_person(cand.kind, cand.row)))
+        return items
+
+
+def _same_channel(channel_of: dict[int, str], me: int, channel: str, span: int,
+                  reach: int, whole: bool = False) -> list[int] | None:
+    """Up to ``span`` rows of ``channel`` on each side of row ``me`` within
+    ``reach`` rows, the nearest first (before, then after). ``channel_of`` must
+    hold every row within ``reach`` of ``me`` (rows it lacks are gone). Unless
+    ``whole``, None when a side has fewer than ``span``: the caller reads farther."""
+    sides: list[int] = []
+    for step in (-1, 1):
+        got = 0
+        for i in range(me + step, me + step * (reach + 1), step):
+            if channel_of.get(i) == channel:
+                sides.append(i)
+                got += 1
+                if got == span:
+                    break
+        if got < span and not whole:
+            return None
+    return sides
+
+
+def _fact_turns(provenance: str) -> tuple[int, ...]:
+    try:
+        refs: Any = json.loads(provenance or "[]")
+    except ValueError:
+        return ()
+    out = []
+    for ref in refs if isinstance(refs, list) else []:
+        if isinstance(ref, str) and ref.startswith("turn:") and ref[5:].isdigit():
+            out.append(int(ref[5:]))
+    return tuple(out)
+
+
+# A fact whose value is a sentence of at least this many words reads on its own.
+SENTENCE_WORDS = 3
+_SENTENCE_END = (".", "!", "?", "…", '."', '!"', '?"', ".)", "!)", "?)")
+# The subject of facts about the person Reverie serves (``reverie remember``'s default).
+USER_SUBJECT = "user"
+
+
+def render(kind: str, row: Row, zone: tzinfo | None = None) -> str:
+    """The text of a memory as it is injected into a prompt, dated in ``zone``
+    (default: the system's zone)."""
+    zone = household_zone() if zone is None else zone
+    if kind == "turn":
+        who = row.get("speaker") or row["role"]
+        return f"[{_date(row['created_at'], zone)}] {who}: {row['content']}"
+    if kind == "episode":
+        return f"[{_date(row['started_at'] or row['created_at'], zone)}] {row['gist']}"
+    return render_fact(row, zone)
+
+
+def render_fact(row: Row, zone: tzinfo) -> str:
+    """A fact from its kind and fields.
+
+    A fact whose value reads on its own (a sentence: a user-managed note of a
+    few words, or any value ending like a sentence) is that sentence, behind
+    its subject unless the subject is the user: ``The locker code is 4471.
+    (noted 2026-03-06)``. Any other fact is ``subject key: value`` with the
+    key's underscores as spaces: ``Ana lives in: Lisbon (since 2026-03-06)``.
+    A user-managed fact is dated by when it was noted; any other by its
+    validity window (a discovery: when it was found).
+    """
+    subject = str(row["subject"]).strip()
+    value = str(row["value"]).strip()
+    if _reads_alone(value, bool(row.get("user_managed"))):
+        text = value if subject.casefold() == USER_SUBJECT else f"{subject}: {value}"
+    else:
+        key = " ".join(str(row["key"]).replace("_", " ").split())
+        text = f"{subject} {key}: {value}"
+    if row.get("user_managed"):
+        return f"{text} (noted {_date(row['recorded_at'], zone)})"
+    since = _date(row["valid_from"], zone)
+    if row.get("valid_to") is not None:
+        return f"{text} ({since} to {_date(row['valid_to'], zone)})"
+    if row["kind"] == "discovery":
+        return f"{text} (found {since})"
+    return f"{text} (since {since})"
+
+
+def _reads_alone(value: str, user_managed: bool) -> bool:
+    if len(value.split()) < SENTENCE_WORDS:
+        return False
+    return user_managed or value.endswith(_SENTENCE_END)
