@@ -26,12 +26,10 @@ from runtime.config import LLMSettings, ProviderSettings, Settings
 from runtime.llm.embedder import Embedder
 from runtime.llm.prompt import system_prompt
 from runtime.llm.providers import FallbackChain, make_llm
-from runtime.memories import portrait
 from runtime.memories.digests import (
     TRAJECTORY_HEADING,
     DigestBatch,
     DigestService,
-    digest_step,
     shown,
     trajectory,
     trajectory_section,
@@ -40,7 +38,9 @@ from runtime.memories.episodes import EpisodeIn
 from runtime.memories.refs import Ref
 from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
+from runtime.mind import synthesis as portrait
 from runtime.mind.contract import JobContext, JobResult
+from runtime.mind.digest_job import digest_step
 from runtime.time.clock import ManualClock
 
 ZONE_NAME = "Europe/Lisbon"
@@ -313,7 +313,7 @@ def test_the_synthesis_job_runs_both_steps_whatever_the_other_does(
     assert "2026-W23" in digests(mem, "week"), "the digests were written all the same"
     monkeypatch.undo()
 
-    import runtime.memories.digests as digests_module
+    import runtime.mind.digest_job as digests_module
 
     def broken_digests(ctx: JobContext) -> JobResult:
         raise RuntimeError("digests broke")

@@ -20,13 +20,13 @@ from runtime.llm.embedder import Embedder
 from runtime.llm.providers import FallbackChain, make_llm
 from runtime.memories.episodes import EpisodeIn
 from runtime.memories.facts import FactIn, Resolution
-from runtime.memories.portrait import synthesise
 from runtime.memories.refs import Ref
 from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
 from runtime.mind.contract import JobContext
 from runtime.mind.dmn import DmnParams, finding_key, reflect, run
 from runtime.mind.support import unsupported_facts
+from runtime.mind.synthesis import synthesise
 from runtime.store.database import Row
 from runtime.time.clock import DAY, ManualClock
 

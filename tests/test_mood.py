@@ -21,10 +21,10 @@ from runtime.memories.mood import (
     MoodService,
     current,
     mood_line,
-    update_mood,
 )
 from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
+from runtime.mind.consolidate import update_mood
 from runtime.store.database import Store
 from runtime.store.fact_kinds import FactKinds
 from runtime.time.clock import DAY, ManualClock

@@ -24,14 +24,13 @@ from runtime.memories.portrait import (
     PortraitLine,
     PortraitReader,
     PortraitService,
-    SynthesisParams,
     current_refs,
-    synthesise,
 )
 from runtime.memories.refs import Ref
 from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
 from runtime.mind.contract import JobContext
+from runtime.mind.synthesis import SynthesisParams, synthesise
 from runtime.time.clock import DAY, ManualClock
 
 NOW = datetime(2024, 3, 6, 14, 5, tzinfo=UTC)

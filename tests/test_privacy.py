@@ -18,7 +18,7 @@ from runtime.llm.providers import ChatMessage, LLMRequest, OfflineProvider, make
 from runtime.memories import privacy
 from runtime.memories.episodes import EpisodeIn
 from runtime.memories.facts import FactIn
-from runtime.memories.portrait import SynthesisParams, current_refs, gather
+from runtime.memories.portrait import current_refs
 from runtime.memories.profiles import MemoryProfiles
 from runtime.memories.refs import Ref
 from runtime.memories.transcript import TurnIn
@@ -29,6 +29,7 @@ from runtime.mind.dmn import DmnParams, follow_ups
 from runtime.mind.extract import run as facts_job
 from runtime.mind.patterns import PatternsJob
 from runtime.mind.research import interests
+from runtime.mind.synthesis import SynthesisParams, gather
 from runtime.recall.browse import get as browse_get
 from runtime.store.fact_kinds import FactKinds
 from runtime.time.clock import DAY, ManualClock, household_zone

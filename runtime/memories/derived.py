@@ -29,13 +29,10 @@ compaction: recall joins every hit against the rows, so none is returned.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
+from runtime.memories.portrait import PortraitIn, PortraitService
 from runtime.store.database import Store
 from runtime.store.job_state import get_state, set_state
-
-if TYPE_CHECKING:
-    from runtime.memories.portrait import PortraitIn, PortraitService
 
 log = logging.getLogger(__name__)
 
@@ -156,8 +153,6 @@ def _drop_untold(store: Store, texts: list[str]) -> None:
 def _latest_without(store: Store, ref: str) -> PortraitIn | None:
     """The latest portrait version less its lines citing ``ref``, if it cites
     ``ref`` and has other lines; else None."""
-    from runtime.memories.portrait import PortraitIn
-
     latest = _portraits(store).latest()
     if latest is None or not any(ref in line.refs for line in latest.lines):
         return None
@@ -169,8 +164,4 @@ def _latest_without(store: Store, ref: str) -> PortraitIn | None:
 
 
 def _portraits(store: Store) -> PortraitService:
-    # runtime.memories.portrait imports the job context, which imports the fact and
-    # episode services that call this module: imported when used
-    from runtime.memories.portrait import PortraitService
-
     return PortraitService(store)

@@ -7,7 +7,8 @@ current. It is shown to the model as one line of the system prompt
 (:func:`mood_line`, read by the Turns actor through :func:`current_line`) and
 pulls mood-congruent episodes up a little in recall (:func:`congruence_bonus`).
 
-**How it is computed** (the consolidate job, :func:`update_mood`), honestly:
+**How it is computed** (the consolidate job,
+:func:`runtime.mind.consolidate.update_mood`), honestly:
 offline, from the people's turns written since the last reading (role
 ``user``, memory by their source's profile, not disabled). Each turn's
 emotion is read with the lexicon of :mod:`runtime.memories.emotion`; each label stands
@@ -28,15 +29,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from runtime.memories.emotion import LABELS, NEUTRAL, read_emotion
 from runtime.store.database import Row, Store
-
-if TYPE_CHECKING:
-    from runtime.mind.contract import JobContext
 
 log = logging.getLogger(__name__)
 
@@ -216,20 +214,3 @@ def next_mood(before: Mood | None, reading: Reading, turns: int, through: int) -
     return MoodIn(valence=max(-1.0, min(1.0, v)), energy=max(0.0, min(1.0, e)),
                   warmth=max(0.0, min(1.0, w)), why=_why(turns, reading),
                   through_turn=through)
-
-
-def update_mood(ctx: JobContext) -> tuple[int, str]:
-    """Read the people's turns since the last reading and write the next mood
-    through the job writer; returns (readings written, a detail line)."""
-    latest = MoodService(ctx.store).latest()
-    since = 0 if latest is None else latest.through_turn
-    rows = ctx.store.rows(
-        "SELECT id, content FROM transcript WHERE id > ? AND role = 'user' AND memory = 1"
-        " AND disabled = 0 ORDER BY id LIMIT ?", (since, MAX_TURNS))
-    if not rows:
-        return 0, "mood: no new turns"
-    reading = read_turns([r["content"] for r in rows])
-    mood = next_mood(current(latest, ctx.clock.now()), reading, len(rows),
-                     int(rows[-1]["id"]))
-    ctx.writer.add_mood(mood, WRITER)
-    return 1, f"mood: updated from {len(rows)} turns"

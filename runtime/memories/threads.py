@@ -22,12 +22,12 @@ like any episode; it is open until ``thread_resolved_at`` is set.
 - **Resolved** when a later episode of the same channel closes it. With a
   language model the distil prompt lists the channel's open threads and the
   answer names those the conversation closed (``closes``). Offline
-  (:meth:`ThreadKeeper.resolve`): a sentence of the people's turns carrying a
-  closing cue ("done", "fixed", "called", "booked", "sent"...) whose
-  embedding has a cosine of at least ``threads.resolve_similarity`` with the
-  thread's words.
-- **Escalated** by the decay job (:func:`escalate_due`): a thread left open
-  ``threads.escalate_after_days`` since it opened (or since its last raise)
+  (:meth:`runtime.mind.distil.ThreadKeeper.resolve`): a sentence of the
+  people's turns carrying a closing cue ("done", "fixed", "called", "booked",
+  "sent"...) whose embedding has a cosine of at least
+  ``threads.resolve_similarity`` with the thread's words.
+- **Escalated** by the decay job (:func:`runtime.mind.janitor.escalate_due`): a
+  thread left open ``threads.escalate_after_days`` since it opened (or since its last raise)
   becomes ``hot`` and its episode's memory level goes up one step (faint to
   normal, normal to vivid: :func:`runtime.memories.levels.raise_level`), never past
   vivid; a seared episode is never touched.
@@ -45,22 +45,14 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.memories.levels import raise_level
 from runtime.store.database import Row, Store
-from runtime.time.clock import DAY
-
-if TYPE_CHECKING:  # contract -> episodes -> this module
-    from runtime.config import EmbedderSettings
-    from runtime.llm.embedder import Embedder
-    from runtime.mind.contract import JobContext
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +61,6 @@ THREAD_STATES: tuple[ThreadState, ...] = ("simmering", "hot")
 THREAD_WHAT_CHARS = 300
 #: What a thread adds to recall's score, as a share of ``recall.weight_thread``.
 STATE_BONUS: dict[str, float] = {"simmering": 0.5, "hot": 1.0}
-ESCALATE_WRITER = "decay"
 
 
 def thread_columns(state: ThreadState | None, what: str | None, ended_at: float | None,
@@ -163,29 +154,6 @@ def recall_bonus(row: Row, weight: float) -> float:
     if not is_open(row):
         return 0.0
     return weight * STATE_BONUS.get(str(row["thread"]), 0.0)
-
-
-# -- the decay job's part ------------------------------------------------------
-
-
-def escalate_due(ctx: JobContext) -> int:
-    """Raise every open thread left ``threads.escalate_after_days`` since it
-    opened or was last raised; return how many were raised."""
-    after = ctx.settings.threads.escalate_after_days * DAY
-    now = ctx.clock.now()
-    raised = 0
-    for row in ThreadService(ctx.store).open_threads():
-        since = row["thread_escalated_at"] or row["thread_opened_at"] or row["created_at"]
-        if now - float(since) < after or row["memory_level"] == "seared":
-            continue
-        if row["thread"] == "hot" and raise_level(row["memory_level"]) == row["memory_level"]:
-            continue  # already as far as an escalation goes
-        ctx.writer.update_thread(ThreadChange(episode_id=row["id"], change="escalate",
-                                              at=now), ESCALATE_WRITER)
-        raised += 1
-    if raised:
-        log.info("threads: %d open threads escalated", raised)
-    return raised
 
 
 # -- offline detection -----------------------------------------------------------
@@ -282,72 +250,3 @@ def closing_sentences(turns: Sequence[Any]) -> list[str]:
     """The people's sentences that carry a closing cue."""
     return [s for t in turns if t.role != "assistant"
             for s in _sentences(t.content) if _CLOSE.search(s)]
-
-
-# -- resolution during consolidation ---------------------------------------------
-
-
-_OWN: dict[str, Embedder] = {}
-_OWN_LOCK = threading.Lock()
-
-
-def _own_embedder(settings: EmbedderSettings) -> Embedder:
-    """A model of this process's own, for a job context that lends none (loaded
-    once per configuration, not per run)."""
-    key = settings.model_dump_json()
-    with _OWN_LOCK:
-        if key not in _OWN:
-            from runtime.llm.embedder import make_embedder
-            log.info("threads: no embedder in the job context; loading %s", settings.kind)
-            _OWN[key] = make_embedder(settings)
-        return _OWN[key]
-
-
-class ThreadKeeper:
-    """The consolidate job's thread work on one run: the channel's open
-    threads, and resolving those a new episode closes."""
-
-    def __init__(self, ctx: JobContext) -> None:
-        self.ctx = ctx
-        self.similarity = ctx.settings.threads.resolve_similarity
-        self._embedder: Embedder | None = ctx.embedder
-        self.resolved = 0
-
-    def embedder(self) -> Embedder:
-        if self._embedder is None:
-            self._embedder = _own_embedder(self.ctx.settings.embedder)
-        return self._embedder
-
-    def open_threads(self, channel: str) -> list[Row]:
-        return ThreadService(self.ctx.store).open_threads(channel)
-
-    def offline_closes(self, threads: Sequence[Row], turns: Sequence[Any]) -> list[int]:
-        """The threads a window closes by the offline rule: a closing sentence
-        at least ``resolve_similarity`` from the thread's words."""
-        closers = closing_sentences(turns)
-        if not closers or not threads:
-            return []
-        whats = [str(r["thread_what"] or r["gist"]) for r in threads]
-        vecs = self.embedder().embed([*whats, *closers])
-        sims = np.asarray(vecs[: len(whats)]) @ np.asarray(vecs[len(whats):]).T
-        return [int(r["id"]) for r, row_sims in zip(threads, sims)
-                if float(row_sims.max()) >= self.similarity]
-
-    def resolve(self, channel: str, episode_id: int, turns: Sequence[Any],
-                closes: Sequence[int] | None) -> int:
-        """Resolve the channel's threads opened before ``episode_id`` that its
-        window closes: ``closes`` as the language model judged them, or (None)
-        by the offline rule. Returns how many were resolved."""
-        threads = [r for r in self.open_threads(channel) if r["id"] < episode_id]
-        if closes is None:
-            ids = self.offline_closes(threads, turns)
-        else:
-            known = {int(r["id"]) for r in threads}
-            ids = [i for i in closes if i in known]
-        now = self.ctx.clock.now()
-        for thread_id in ids:
-            self.ctx.writer.update_thread(ThreadChange(
-                episode_id=thread_id, change="resolve", at=now, resolved_by=episode_id),
-                "consolidate")
-        self.resolved += len(ids)
-        return len(ids)

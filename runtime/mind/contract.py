@@ -20,23 +20,21 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from runtime.config import Settings
 from runtime.llm.embedder import Embedder
 from runtime.llm.providers import FallbackChain
+from runtime.memories.digests import DigestBatch
 from runtime.memories.episodes import EpisodeIn
 from runtime.memories.facts import FactIn, Resolution
+from runtime.memories.mood import MoodIn
+from runtime.memories.portrait import PortraitIn
 from runtime.memories.refs import Action, Ref
+from runtime.memories.threads import ThreadChange
+from runtime.memories.user_profile import ProfileOp
 from runtime.store.database import Store
 from runtime.time.clock import Clock
-
-if TYPE_CHECKING:  # runtime.memories.portrait imports this module
-    from runtime.memories.digests import DigestBatch
-    from runtime.memories.mood import MoodIn
-    from runtime.memories.portrait import PortraitIn
-    from runtime.memories.threads import ThreadChange
-    from runtime.memories.user_profile import ProfileOp
 
 
 class MemoryWriter(Protocol):

@@ -25,8 +25,9 @@ times, and carries a gist, a salience (1-10) and an emotion:
 Each episode may also open a thread (:mod:`runtime.memories.threads`: something left
 unresolved; with a language model its answer names it, offline the rules of
 :func:`runtime.memories.threads.detect` find it) and resolve the channel's earlier open
-threads that its window closes (the model's ``closes``, among the open threads
-listed after the evidence; offline a closing sentence close to the thread).
+threads that its window closes (:class:`ThreadKeeper`: the model's ``closes``, among
+the open threads listed after the evidence; offline a closing sentence close to the
+thread).
 
 Progress is committed window by window: the episode is written, then the
 channel's position (``job_state``). A crash in between is harmless: turns
@@ -45,12 +46,14 @@ import json
 import logging
 import math
 import re
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from runtime.llm.providers import (
@@ -66,12 +69,23 @@ from runtime.memories import privacy
 from runtime.memories.emotion import LABELS, NEUTRAL, read_emotion
 from runtime.memories.episodes import EpisodeIn
 from runtime.memories.profiles import MemoryProfiles
-from runtime.memories.threads import THREAD_WHAT_CHARS, ThreadKeeper, ThreadState, open_threads_text
+from runtime.memories.threads import (
+    THREAD_WHAT_CHARS,
+    ThreadChange,
+    ThreadService,
+    ThreadState,
+    closing_sentences,
+    open_threads_text,
+)
 from runtime.memories.threads import detect as detect_thread
 from runtime.mind.contract import JobContext, JobResult
 from runtime.store.database import Row
 from runtime.store.job_state import get_state, set_state
 from runtime.time.clock import household_zone
+
+if TYPE_CHECKING:
+    from runtime.config import EmbedderSettings
+    from runtime.llm.embedder import Embedder
 
 log = logging.getLogger(__name__)
 
@@ -449,6 +463,75 @@ class Distiller:
             return Distilled(_clip(out.gist, 800), out.salience, out.emotion, "llm",
                              out.thread, what if out.thread else None, tuple(out.closes))
         raise InvalidOutput(why)
+
+
+# --------------------------------------------------------------------------- threads
+
+
+_OWN: dict[str, Embedder] = {}
+_OWN_LOCK = threading.Lock()
+
+
+def _own_embedder(settings: EmbedderSettings) -> Embedder:
+    """A model of this process's own, for a job context that lends none (loaded
+    once per configuration, not per run)."""
+    key = settings.model_dump_json()
+    with _OWN_LOCK:
+        if key not in _OWN:
+            from runtime.llm.embedder import make_embedder
+            log.info("threads: no embedder in the job context; loading %s", settings.kind)
+            _OWN[key] = make_embedder(settings)
+        return _OWN[key]
+
+
+class ThreadKeeper:
+    """The consolidate job's thread work on one run: the channel's open
+    threads, and resolving those a new episode closes."""
+
+    def __init__(self, ctx: JobContext) -> None:
+        self.ctx = ctx
+        self.similarity = ctx.settings.threads.resolve_similarity
+        self._embedder: Embedder | None = ctx.embedder
+        self.resolved = 0
+
+    def embedder(self) -> Embedder:
+        if self._embedder is None:
+            self._embedder = _own_embedder(self.ctx.settings.embedder)
+        return self._embedder
+
+    def open_threads(self, channel: str) -> list[Row]:
+        return ThreadService(self.ctx.store).open_threads(channel)
+
+    def offline_closes(self, threads: Sequence[Row], turns: Sequence[Any]) -> list[int]:
+        """The threads a window closes by the offline rule: a closing sentence
+        at least ``resolve_similarity`` from the thread's words."""
+        closers = closing_sentences(turns)
+        if not closers or not threads:
+            return []
+        whats = [str(r["thread_what"] or r["gist"]) for r in threads]
+        vecs = self.embedder().embed([*whats, *closers])
+        sims = np.asarray(vecs[: len(whats)]) @ np.asarray(vecs[len(whats):]).T
+        return [int(r["id"]) for r, row_sims in zip(threads, sims)
+                if float(row_sims.max()) >= self.similarity]
+
+    def resolve(self, channel: str, episode_id: int, turns: Sequence[Any],
+                closes: Sequence[int] | None) -> int:
+        """Resolve the channel's threads opened before ``episode_id`` that its
+        window closes: ``closes`` as the language model judged them, or (None)
+        by the offline rule. Returns how many were resolved."""
+        threads = [r for r in self.open_threads(channel) if r["id"] < episode_id]
+        if closes is None:
+            ids = self.offline_closes(threads, turns)
+        else:
+            known = {int(r["id"]) for r in threads}
+            ids = [i for i in closes if i in known]
+        now = self.ctx.clock.now()
+        for thread_id in ids:
+            self.ctx.writer.update_thread(ThreadChange(
+                episode_id=thread_id, change="resolve", at=now, resolved_by=episode_id),
+                "consolidate")
+        self.resolved += len(ids)
+        return len(ids)
 
 
 # --------------------------------------------------------------------------- the job

@@ -56,9 +56,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from runtime.memories import privacy
 from runtime.memories.episodes import EpisodeIn
 from runtime.memories.facts import FactIn
-from runtime.memories.portrait import MAX_LINE_REFS, OneLine, SourceRef, ask_json, latest_portrait
+from runtime.memories.portrait import MAX_LINE_REFS, OneLine, SourceRef, latest_portrait
 from runtime.mind.contract import JobContext, JobResult
 from runtime.mind.extract_rules import SINGLE_RELATIONS
+from runtime.mind.llm_json import ask_json
 from runtime.mind.support import missing_terms, turn_text
 from runtime.store.database import Row, Store
 from runtime.store.job_state import get_state, set_state

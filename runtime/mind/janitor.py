@@ -13,7 +13,7 @@
   fact would be retired ("history is kept"), so the janitor leaves facts alone.
 - **Open threads** left open ``threads.escalate_after_days`` are escalated, one
   level step at a time and never past vivid
-  (:func:`runtime.memories.threads.escalate_due`, through ``ctx.writer``).
+  (:func:`escalate_due`, through ``ctx.writer``).
 - **Write log**: the history of a row this job pruned or purged (its insert,
   updates, delete, and the rows that went with it by cascade: an episode's
   citations, a turn's tool calls) is dropped once the delete is
@@ -40,15 +40,19 @@ from __future__ import annotations
 
 import logging
 
+from runtime.memories.levels import raise_level
+
 # The write log's retention rule (the owners apply it; migration 0011 names it here).
 from runtime.memories.retention import expire_write_log as expire_write_log
-from runtime.memories.threads import escalate_due
+from runtime.memories.threads import ThreadChange, ThreadService
 from runtime.mind.contract import JobContext, JobResult
+from runtime.time.clock import DAY
 
 log = logging.getLogger(__name__)
 
 JOB = "decay"
 WRITER = "janitor"
+ESCALATE_WRITER = "decay"
 
 
 def run(ctx: JobContext) -> JobResult:
@@ -71,3 +75,26 @@ def run(ctx: JobContext) -> JobResult:
 def _detail(purged: int, pruned: int, dropped: int | None) -> str:
     tail = "" if dropped is None else f", {dropped} write-log rows expired"
     return f"{purged} tombstones purged, {pruned} transcript rows pruned{tail}"
+
+
+# -- open threads (runtime.memories.threads) ---------------------------------
+
+
+def escalate_due(ctx: JobContext) -> int:
+    """Raise every open thread left ``threads.escalate_after_days`` since it
+    opened or was last raised; return how many were raised."""
+    after = ctx.settings.threads.escalate_after_days * DAY
+    now = ctx.clock.now()
+    raised = 0
+    for row in ThreadService(ctx.store).open_threads():
+        since = row["thread_escalated_at"] or row["thread_opened_at"] or row["created_at"]
+        if now - float(since) < after or row["memory_level"] == "seared":
+            continue
+        if row["thread"] == "hot" and raise_level(row["memory_level"]) == row["memory_level"]:
+            continue  # already as far as an escalation goes
+        ctx.writer.update_thread(ThreadChange(episode_id=row["id"], change="escalate",
+                                              at=now), ESCALATE_WRITER)
+        raised += 1
+    if raised:
+        log.info("threads: %d open threads escalated", raised)
+    return raised

@@ -44,7 +44,7 @@ JOBS: dict[str, str] = {
     "facts": "runtime.mind.extract:run",
     "decay": "runtime.mind.janitor:run",
     "patterns": "runtime.mind.patterns:run",
-    "synthesis": "runtime.memories.portrait:run",
+    "synthesis": "runtime.mind.synthesis:run",
     "dmn": "runtime.mind.dmn:run",
     "sync": "runtime.mind.sync.job:run",
     "geo": "runtime.mind.geo_job:run",

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The digest step (``runtime.memories.digests.digest_step``) on a long history, offline.
+"""The digest step (``runtime.mind.digest_job.digest_step``) on a long history, offline.
 
 Usage:
     tools/bench/digests.py [--days 730] [--per-day 15]
@@ -28,11 +28,12 @@ from zoneinfo import ZoneInfo
 
 from runtime.config import load_settings
 from runtime.llm.providers import make_llm
-from runtime.memories.digests import DigestBatch, DigestService, digest_step
+from runtime.memories.digests import DigestBatch, DigestService
 from runtime.memories.episodes import EpisodeIn, EpisodeService
 from runtime.memories.profiles import MemoryProfiles
 from runtime.memories.transcript import TranscriptService, TurnIn
 from runtime.mind.contract import JobContext, MemoryWriter
+from runtime.mind.digest_job import digest_step
 from runtime.store.database import Store
 from runtime.store.fact_kinds import FactKinds
 from runtime.time.clock import ManualClock
