@@ -560,8 +560,8 @@ def test_browser_log_in_sets_a_strict_httponly_cookie(chromium: Any, runtime: Ru
 def test_browser_a_remembered_memory_appears_and_search_finds_only_it(
         chromium: Any, runtime: Runtime) -> None:
     violin, garage = word(), word()
-    mine = runtime.mind.remember(f"The {violin} violin lessons are on Tuesday afternoons.")
-    other = runtime.mind.remember(f"The {garage} garage door opener needs a new battery.")
+    mine = runtime.remember(f"The {violin} violin lessons are on Tuesday afternoons.")
+    other = runtime.remember(f"The {garage} garage door opener needs a new battery.")
     log_in(chromium, runtime)
     wait(chromium, lambda d: row(d, mine) and row(d, other))
     assert "violin lessons are on Tuesday" in row(chromium, mine).text
@@ -586,7 +586,7 @@ def test_browser_a_remembered_memory_appears_and_search_finds_only_it(
 
 def test_browser_buttons_disable_enable_pin_unpin_delete(chromium: Any, runtime: Runtime) -> None:
     marker = word()
-    ref = runtime.mind.remember(f"The {marker} water meter is behind the kitchen door.")
+    ref = runtime.remember(f"The {marker} water meter is behind the kitchen door.")
     log_in(chromium, runtime)
     show(chromium, runtime, marker)
 
@@ -627,7 +627,7 @@ def test_browser_buttons_disable_enable_pin_unpin_delete(chromium: Any, runtime:
 
 
 def test_delete_without_javascript_asks_with_a_form(runtime: Runtime) -> None:
-    ref = runtime.mind.remember(f"The {word()} fuse box is in the hallway cupboard.")
+    ref = runtime.remember(f"The {word()} fuse box is in the hallway cupboard.")
     cookie = runtime.session()
     _, _, page = runtime.call("GET", "/", headers={"Cookie": cookie})
     csrf = csrf_of(page)
@@ -643,7 +643,7 @@ def test_delete_without_javascript_asks_with_a_form(runtime: Runtime) -> None:
 
 
 def test_cross_site_posts_are_refused_and_change_nothing(runtime: Runtime) -> None:
-    ref = runtime.mind.remember(f"The {word()} bike lock code is 0420.")
+    ref = runtime.remember(f"The {word()} bike lock code is 0420.")
     cookie = runtime.session()
     _, _, page = runtime.call("GET", "/", headers={"Cookie": cookie})
     csrf = csrf_of(page)
@@ -669,7 +669,7 @@ def test_cross_site_posts_are_refused_and_change_nothing(runtime: Runtime) -> No
 def test_browser_hostile_memory_text_is_shown_as_text(chromium: Any, runtime: Runtime) -> None:
     marker = word()
     text = f"{marker} {HOSTILE}"
-    ref = runtime.mind.remember(text)
+    ref = runtime.remember(text)
     log_in(chromium, runtime)
     for path in (f"/?{urlencode({'q': marker})}", f"/memories/{ref}"):
         chromium.get(runtime.base + path)
@@ -683,7 +683,7 @@ def test_browser_hostile_memory_text_is_shown_as_text(chromium: Any, runtime: Ru
 
 def test_browser_the_timeline_shows_todays_memory(chromium: Any, runtime: Runtime) -> None:
     marker = word()
-    ref = runtime.mind.remember(f"The {marker} chimney sweep comes at noon.")
+    ref = runtime.remember(f"The {marker} chimney sweep comes at noon.")
     today = datetime.now(ZoneInfo(ZONE)).date().isoformat()
     log_in(chromium, runtime)
     css(chromium, 'nav a[href="/timeline"]')[0].click()
@@ -700,7 +700,7 @@ def test_browser_the_timeline_shows_todays_memory(chromium: Any, runtime: Runtim
 
 
 def test_browser_the_pictures_load(chromium: Any, runtime: Runtime) -> None:
-    runtime.mind.remember(f"The {word()} recycling goes out on Fridays.")
+    runtime.remember(f"The {word()} recycling goes out on Fridays.")
     log_in(chromium, runtime)
     css(chromium, 'nav a[href="/pictures"]')[0].click()
     wait(chromium, lambda d: len(css(d, "figure img")) == 3)
@@ -714,8 +714,8 @@ def test_browser_the_pictures_load(chromium: Any, runtime: Runtime) -> None:
 
 
 def test_browser_screenshot_of_the_memory_page(chromium: Any, runtime: Runtime) -> None:
-    runtime.mind.remember("Grandma's birthday is on the 14th of May; she likes tulips.")
-    runtime.mind.remember("The wifi password for guests is on the fridge.")
+    runtime.remember("Grandma's birthday is on the 14th of May; she likes tulips.")
+    runtime.remember("The wifi password for guests is on the fridge.")
     log_in(chromium, runtime)
     out = artifacts_dir() / "memory-page.png"
     assert chromium.save_screenshot(str(out))

@@ -315,7 +315,7 @@ def test_too_few_points_are_not_clustered() -> None:
         assert clustering.cluster(vectors).tolist() == [-1] * n, n
 
 
-_WARM = ("from pathlib import Path; import sys; from runtime import clustering; "
+_WARM = ("from pathlib import Path; import sys; from runtime.mind import clustering; "
          "clustering.warm_up(Path(sys.argv[1]))")
 _UMAP_HOT = ("_optimize_layout_euclidean_single_epoch", "smooth_knn_dist",
              "compute_membership_strengths")

@@ -358,7 +358,7 @@ def test_the_decay_job_escalates_through_the_episodes_actor(runtime: Settings) -
     ran = CronClient(NS, timeout_s=300).run(RunJob(name="decay", wait=True), timeout=300)
     assert ran.outcome == "ok" and "1 open threads escalated" in (ran.detail or ""), ran
 
-    store = Store(runtime.store.database.path, FactKinds.load(runtime.memory.fact_kinds_file))
+    store = Store(runtime.store.path, FactKinds.load(runtime.memory.fact_kinds_file))
     try:
         row = store.get("episodes", opened)
         writer = store.scalar("SELECT writer FROM write_log WHERE table_name = 'episodes'"

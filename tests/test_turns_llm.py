@@ -271,7 +271,7 @@ def test_an_episode_used_in_an_answer_becomes_relevant_again(runtime: Settings,
     written = EpisodesClient(NS).add(AddEpisode(episode=EpisodeIn(
         channel="chat", source="user",
         gist="Ben and Nora spent the afternoon repairing the greenhouse roof with new panels.")))
-    db = Store(runtime.store.database.path, FactKinds.load(runtime.memory.fact_kinds_file))
+    db = Store(runtime.store.path, FactKinds.load(runtime.memory.fact_kinds_file))
     try:
         before = db.get("episodes", written.episode_id)
         assert before is not None
