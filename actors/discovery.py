@@ -5,15 +5,23 @@ the Ray address, the namespace, its own pid and how Ray authenticates. The
 client commands read it, point Ray at the token file when the node was started
 with one, and join the cluster. Nothing here starts a node (``actors.node``
 does).
+
+A node on loopback needs Ray's loopback mode, in the process that starts it
+and in every process that joins it (:func:`loopback_environment`,
+:func:`join_environment`): the client commands join through :func:`connect`,
+``reverie run`` (``actors.node``) sets it up for its own node or the cluster it
+joins.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
 import secrets
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +31,11 @@ log = logging.getLogger(__name__)
 
 RUNTIME_FILE = "runtime.json"
 TOKEN_FILE = "ray-auth-token"
+
+# Read by ``ray._private.ray_constants`` when Ray is imported: with Ray's
+# cluster mode off, ``ray.init`` keeps a loopback node IP instead of swapping in
+# the routable one (``services.get_node_ip_address``); child processes inherit it.
+LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 
 
 class NoRuntime(RuntimeError):
@@ -124,6 +137,55 @@ def prepare_client_auth(settings: Settings) -> None:
         use_token(settings)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (an IP, ``[IPv6]``, ``localhost``, or ``host:port``) is loopback."""
+    if host.count(":") == 1:  # host:port (IPv4 or a name)
+        host = host.rsplit(":", 1)[0]
+    elif host.startswith("[") and "]" in host:  # [IPv6]:port
+        host = host[1:host.index("]")]
+    if host == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback
+
+
+def loopback_environment() -> None:
+    """Keep a Ray node started by this process (and its children) on loopback.
+
+    Call before ``ray.init`` on our own node, best before Ray is imported; not
+    before joining a cluster on routable addresses (:func:`join_environment`).
+
+    Ray reads its settings when it is imported. If a caller imported it first (a
+    test session; a module that wanted Ray's exception classes), the imported
+    copy is brought up to date: the constant read from the variable above, and
+    Ray's config from ``RAY_*`` (as Ray itself does when it turns on token auth,
+    ``authentication_token_setup._enable_token_auth``), so a token-auth mode set
+    just before is seen too."""
+    os.environ.update(LOOPBACK_ENV)
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None:
+        vars(constants)["ENABLE_RAY_CLUSTER"] = False
+    raylet = sys.modules.get("ray._raylet")
+    if raylet is not None:
+        raylet.Config.initialize("")
+
+
+def join_environment(address: str) -> None:
+    """Before joining the cluster at ``address`` (``--address``; the client commands).
+
+    Ray rewrites a loopback address to this machine's routable one before it
+    connects (``services.canonicalize_bootstrap_address``), and a node on
+    loopback does not listen there: the client would wait forever. So joining a
+    loopback address needs :func:`loopback_environment` too."""
+    if is_loopback(address):
+        loopback_environment()
+
+
 def _answers(address: str, timeout_s: float = 3.0) -> bool:
     """Whether something accepts TCP connections at ``host:port``."""
     host, _, port = address.rpartition(":")
@@ -137,8 +199,6 @@ def _answers(address: str, timeout_s: float = 3.0) -> bool:
 def connect(settings: Settings) -> Any:
     """Join the running runtime's Ray cluster; return the ray module."""
     info = read_runtime(settings)
-    from actors.node import join_environment
-
     address = str(info["address"])
     if not _answers(address):  # ray.init would retry a dead GCS for ever
         raise NoRuntime(f"the runtime at {address} is not answering (its process "

@@ -14,13 +14,13 @@ loopback, and to every interface otherwise. But ``ray.init`` rewrites a
 loopback ``_node_ip_address`` to the machine's routable address
 (``ray._private.services.resolve_ip_for_localhost``) unless Ray's
 "cluster" mode is off, which is what ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0``
-does (the default on macOS and Windows). :func:`loopback_environment` sets it;
-:func:`run` checks the node IP it got and refuses to run exposed.
+does (the default on macOS and Windows).
+:func:`actors.discovery.loopback_environment` sets it; :func:`run` checks the
+node IP it got and refuses to run exposed.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import signal
@@ -36,6 +36,9 @@ from typing import Any
 
 from actors.discovery import (
     NoRuntime,
+    is_loopback,
+    join_environment,
+    loopback_environment,
     process_start,
     read_runtime,
     remove_runtime,
@@ -86,50 +89,6 @@ HUB_DASHBOARD_ENV: dict[str, str] = {
     "SCAN_EVENT_DIR_INTERVAL_SECONDS": "10",
 }
 EXIT_EXPOSED = 3  # refusing to run: exposed, Ray's directory not private, or no replica
-
-# Read by ``ray._private.ray_constants`` when Ray is imported: with Ray's
-# cluster mode off, ``ray.init`` keeps a loopback node IP instead of swapping in
-# the routable one (``services.get_node_ip_address``); child processes inherit it.
-LOOPBACK_ENV = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` (an IP, ``[IPv6]``, ``localhost``, or ``host:port``) is loopback."""
-    if host.count(":") == 1:  # host:port (IPv4 or a name)
-        host = host.rsplit(":", 1)[0]
-    elif host.startswith("[") and "]" in host:  # [IPv6]:port
-        host = host[1:host.index("]")]
-    if host == "localhost":
-        return True
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return ip.is_loopback
-
-
-def loopback_environment() -> None:
-    """Keep a Ray node started by this process (and its children) on loopback.
-
-    Call before ``ray.init`` on our own node, best before Ray is imported; not
-    before joining a cluster on routable addresses (:func:`join_environment`).
-
-    Ray reads its settings when it is imported. If a caller imported it first (a
-    test session; a module that wanted Ray's exception classes), the imported
-    copy is brought up to date: the constant read from the variable above, and
-    Ray's config from ``RAY_*`` (as Ray itself does when it turns on token auth,
-    ``authentication_token_setup._enable_token_auth``), so a token-auth mode set
-    just before is seen too."""
-    os.environ.update(LOOPBACK_ENV)
-    constants = sys.modules.get("ray._private.ray_constants")
-    if constants is not None:
-        vars(constants)["ENABLE_RAY_CLUSTER"] = False
-    raylet = sys.modules.get("ray._raylet")
-    if raylet is not None:
-        raylet.Config.initialize("")
-
 
 @contextmanager
 def hub_node(log_monitor: bool) -> Iterator[None]:
@@ -187,17 +146,6 @@ def hub_node(log_monitor: bool) -> Iterator[None]:
         services.start_ray_process = start_process
         for name in unset:
             os.environ.pop(name, None)
-
-
-def join_environment(address: str) -> None:
-    """Before joining the cluster at ``address`` (``--address``; the client commands).
-
-    Ray rewrites a loopback address to this machine's routable one before it
-    connects (``services.canonicalize_bootstrap_address``), and a node on
-    loopback does not listen there: the client would wait forever. So joining a
-    loopback address needs :func:`loopback_environment` too."""
-    if is_loopback(address):
-        loopback_environment()
 
 
 def prepare_node_auth(settings: Settings, address: str | None) -> str:

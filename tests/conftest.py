@@ -112,7 +112,8 @@ def ray_instance() -> Iterator[str]:
     listening on loopback only."""
     import logging
 
-    from actors.node import LOOPBACK, exposed, loopback_environment
+    from actors.discovery import loopback_environment
+    from actors.node import LOOPBACK, exposed
 
     loopback_environment()  # Ray may be imported already (test modules import actors)
     import ray

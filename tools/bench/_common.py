@@ -312,8 +312,9 @@ def local_ray(settings: Settings, dashboard: bool | None = None,
     one recorded in /tmp/ray); ``_temp_dir`` is a fresh directory so that the
     session directory (logs, sockets) is ours alone and removed afterwards.
     The dashboard port is left to Ray (8265, or the next free one). It listens
-    on loopback only, as ``reverie run`` does (``actors.node.loopback_environment``)."""
-    from actors.node import hub_node, loopback_environment
+    on loopback only, as ``reverie run`` does (``actors.discovery.loopback_environment``)."""
+    from actors.discovery import loopback_environment
+    from actors.node import hub_node
 
     loopback_environment()
     import ray

@@ -95,7 +95,7 @@ import footprint as fp  # noqa: E402
 
 sys.path.remove(HERE)
 
-from actors.node import is_loopback  # noqa: E402
+from actors.discovery import is_loopback  # noqa: E402
 
 ECHO = "bench-echo"
 HTTP_ACTOR = "bench-http"
