@@ -22,7 +22,7 @@ import http_runtime
 import pytest
 
 from actors.handles import EpisodesClient, TranscriptClient
-from actors.http.app import MAX_QUERY_CHARS
+from actors.http.common import MAX_QUERY_CHARS
 from actors.messages import AddEpisode, AppendTurns
 from runtime.memories.episodes import EpisodeIn
 from runtime.memories.transcript import TurnIn

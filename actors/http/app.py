@@ -37,6 +37,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from actors import metrics
 from actors.http.backend import Backend
+from actors.http.common import MAX_QUERY_CHARS, Changed
 from actors.messages import MAX_TURN_CHARS, Recall, Recalled, Status, TurnReply, UserTurn
 from runtime.config import Settings
 from runtime.store.files import write_private
@@ -44,11 +45,6 @@ from runtime.store.files import write_private
 log = logging.getLogger(__name__)
 
 TOKEN_FILE = "http-token"
-# The longest search text a GET takes in its query string (recall, the words
-# filter): a question, not a document; longer texts go in a POST body. Bounds
-# the request line (at most 12 bytes a character, percent-encoded) well under
-# the server's limit for a request's head (actors/http/server.py, MAX_HEAD_BYTES).
-MAX_QUERY_CHARS = 2000
 
 
 # -- the token ----------------------------------------------------------------
@@ -222,12 +218,6 @@ class RememberRequest(BaseModel):
 class MemoryWritten(BaseModel):
     ref: str
     action: str
-
-
-class Changed(BaseModel):
-    ref: str
-    change: str
-    detail: str
 
 
 # -- the app ----------------------------------------------------------------------

@@ -38,8 +38,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from actors.http.app import MAX_QUERY_CHARS, Changed
 from actors.http.backend import Backend
+from actors.http.common import MAX_QUERY_CHARS, Changed
 from actors.messages import MAX_TURN_CHARS, BrowseMemories, MemoryPage, MemoryView
 from runtime.config import Settings
 from runtime.memories.refs import NoSuchItem, parse_ref
