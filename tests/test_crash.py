@@ -59,7 +59,7 @@ from runtime.config import load_settings
 
 settings = load_settings()
 prepare_client_auth(settings)  # before Ray is imported, as `reverie` does
-from actors.cli.main import Remote
+from actors.cli.common import Remote
 from actors.messages import UserTurn
 
 tag = sys.argv[1]

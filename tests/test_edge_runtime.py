@@ -99,7 +99,7 @@ def test_status_shows_the_bridge_fixes_and_presence(running: dict[str, str],
 
 def test_without_a_broker_the_runtime_says_so(tmp_path: Path) -> None:
     """No runtime needed: the status wording for an unconfigured bridge."""
-    from actors.cli.main import _edge_lines
+    from actors.cli.lifecycle import _edge_lines
     from actors.messages import EdgeInfo, LocationInfo, Status
     from runtime.config import load_settings
 

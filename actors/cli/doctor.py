@@ -20,7 +20,7 @@ Times (``T``) are read in the household's zone: ``2026-05-01``,
 ``yesterday 21:30``, ``14:30`` (its last occurrence), ``2 hours ago``,
 ``3 days ago``, or ``@1777642200`` (seconds since the epoch).
 
-Exit codes as :mod:`actors.cli.main`: 0 done (or nothing to do), 1 the user
+Exit codes as :mod:`actors.cli.common`: 0 done (or nothing to do), 1 the user
 declined, 2 bad input, 3 the runtime or the database failed.
 """
 
@@ -37,17 +37,14 @@ from datetime import date, datetime, timedelta, tzinfo
 from datetime import time as dtime
 from typing import Any
 
+from actors.cli.common import EXIT_OK, EXIT_RUNTIME_ERROR
 from runtime.config import Settings
 from runtime.store.database import Row, Store
 from runtime.store.rollback import Applied, LogEntry, Plan
 
 log = logging.getLogger(__name__)
 
-# The same codes as actors.cli.main (not imported: cli imports this module).
-EXIT_OK = 0
-EXIT_DECLINED = 1
-EXIT_BAD_INPUT = 2
-EXIT_RUNTIME_ERROR = 3
+EXIT_DECLINED = 1  # the user said no (the code the other commands use for no runtime)
 
 EXCERPT = 48
 RESYNC_TIMEOUT_S = 120.0
@@ -254,7 +251,7 @@ def print_plan(p: Plan, zone: tzinfo) -> None:
 
 
 def _confirm(question: str) -> bool:
-    from actors.cli.main import _confirm as confirm  # the one the other commands ask with
+    from actors.cli.common import _confirm as confirm  # the one the other commands ask with
 
     return confirm(question)
 

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 def cmd_digest(args: argparse.Namespace, settings: Settings) -> int:
-    from actors.cli.main import EXIT_OK, _local
+    from actors.cli.common import EXIT_OK, _local
     from runtime.memories.digests import DigestService, shown
     from runtime.memories.viz import open_read_only
 
@@ -49,7 +49,7 @@ def cmd_digest(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_profile_show(args: argparse.Namespace, settings: Settings) -> int:
-    from actors.cli.main import EXIT_OK, _local
+    from actors.cli.common import EXIT_OK, _local
     from runtime.memories.user_profile import ProfileService, profile_fields
     from runtime.memories.viz import open_read_only
 
@@ -85,7 +85,7 @@ def cmd_profile_show(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_profile_set(args: argparse.Namespace, settings: Settings) -> int:
-    from actors.cli.main import EXIT_OK, Remote
+    from actors.cli.common import EXIT_OK, Remote
     from actors.messages import UpdateProfile
     from runtime.memories.user_profile import parse_assignment
 

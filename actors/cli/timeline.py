@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def cmd_timeline(args: argparse.Namespace, settings: Settings) -> int:
-    from actors.cli.main import EXIT_OK, Remote
+    from actors.cli.common import EXIT_OK, Remote
     from actors.messages import BrowseMemories
     from runtime.recall import timeline
     from runtime.time.clock import SystemClock, household_zone

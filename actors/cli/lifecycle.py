@@ -1,0 +1,79 @@
+"""``reverie run``, ``reverie init`` and ``reverie status``: start the runtime
+(:mod:`actors.node`), write a user configuration file, show the runtime's
+health (and, in words, the MQTT bridge, the location history and presence).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from typing import Any
+
+from actors.cli.common import EXIT_NO_RUNTIME, EXIT_OK, Remote
+from runtime.config import Settings
+
+
+def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
+    from actors import node
+
+    return node.run(settings, address=args.address, verbose=args.verbose)
+
+
+def cmd_init(args: argparse.Namespace, settings: Settings | None) -> int:
+    from runtime.user_config import default_user_config_path, write_user_config
+
+    path = args.path or default_user_config_path()
+    written = write_user_config(path, force=args.force)
+    print(f"wrote {written}")
+    return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    from actors.status import gather_status
+
+    Remote(settings)  # joins the runtime's Ray
+    status = gather_status(settings)
+    if args.json:
+        print(status.model_dump_json())
+    else:
+        print(f"namespace {status.namespace}")
+        for name, state in status.actors.items():
+            print(f"  {name:<11} {state}")
+        for name, count in status.counts.items():
+            print(f"  {name:<11} {count}")
+        if status.notice:
+            print(f"notice: {status.notice}")
+        for line in _edge_lines(status, settings):
+            print(line)
+    return (EXIT_OK if all(s.startswith("ok") for s in status.actors.values())
+            else EXIT_NO_RUNTIME)
+
+
+def _edge_lines(status: Any, settings: Settings) -> Iterator[str]:
+    """``reverie status`` in words: the MQTT bridge, the location history, presence."""
+    from datetime import datetime
+
+    from runtime.time.clock import household_zone
+
+    zone = household_zone(settings.household.timezone)
+
+    def when(t: float | None) -> str:
+        return "never" if t is None else datetime.fromtimestamp(t, zone).strftime(
+            "%Y-%m-%d %H:%M")
+
+    mqtt = status.mqtt
+    if mqtt is None or not mqtt.configured:
+        yield "mqtt: no broker configured (set mqtt.host); running without the bridge"
+    else:
+        rejected = ", ".join(f"{k} {v}" for k, v in sorted(mqtt.rejected.items())) or "none"
+        state = ("NOT connected" if not mqtt.connected else "connected" if mqtt.subscribed
+                 else "connected (topics not subscribed yet)")
+        yield (f"mqtt: {state} to {mqtt.broker}; {mqtt.accepted} accepted, {mqtt.stored}"
+               f" stored, rejected: {rejected}" + (f" ({mqtt.error})" if mqtt.error else ""))
+    if status.location is not None:
+        yield f"location: {status.location.fixes} fixes, last {when(status.location.last_fix_at)}"
+    if status.presence:
+        yield "presence:"
+        for person, p in status.presence.items():
+            where = f" ({p.place})" if p.place else ""
+            yield f"  {person:<11} {p.state}{where} since {when(p.since)}"
