@@ -1,31 +1,28 @@
-"""The Turns actor: the turn path.
+"""The Turns actor: the shell of the turn path.
 
-A user turn is checked, written to the transcript, seeded with turn-zero
-recall (when its channel's memory-seed flag is on), assembled into a prompt
-with the bootstrap persona files, the household's portrait (the latest
-version, read from the store and cached by version: ``runtime.memories.portrait``;
-seeded channels only), the recalled memories and the household's local time,
-answered by the language model, and the reply is written with the
-refs of the memories the model was given (its citations), in one call. What
-the model is given (recalled memories, the channel's history) passes the
-privacy rules for this speaker on this channel (``runtime.memories.privacy``); a reply
-given a sensitive memory is stored sensitive. A
-temporary turn writes nothing at all. On a channel with ``injection = "pull"``
-the prompt carries a stable memory index and a capped auto-recall instead of
-the recalled memories, and the model reads more with the recall tool, answered
-by the Recall actor (``runtime.recall.pull``); its calls are written with the reply,
-and what they returned joins its citations.
+The turn itself (who is listening, turn-zero recall, the prompt, a pull
+channel's tool rounds, the citations and the reply written) is the turn's core,
+plain functions in :mod:`runtime.turn`; read its module docstring for the path
+of a turn, step by step. This actor wires the core to the other actors (the
+Transcript, Recall, Graph and Episodes actors, through their clients) and keeps
+what is its own business:
 
-A turn re-sent with the request id of one already answered (a caller's retry,
-or the Cron actor firing a scheduled prompt again after a crash) is answered
-with the stored reply: the language model is not asked twice, nothing is
-written again.
+- the message accepted (:meth:`TurnsActor._accept`: a valid :class:`UserTurn`
+  on a configured channel) and the Cron actor told the user is here;
+- per-channel order (:class:`ChannelQueue`);
+- a turn re-sent with the request id of one already answered (a caller's
+  retry, or the Cron actor firing a scheduled prompt again after a crash) is
+  answered with the stored reply: the language model is not asked twice,
+  nothing is written again (:meth:`TurnsActor._answered`);
+- fire-and-forget notes: Recall told of the turn after turn-zero recall, the
+  Episodes actor of the episodes used; metrics; the language model's notice.
 
 :meth:`TurnsActor.process_stream` is the same path for streamed replies (a Ray
 streaming generator): it yields each piece of the reply as the language model
 sends it (:class:`TurnDelta`), then the stored :class:`TurnReply`. The reply is
 written once it is complete, also when nobody is reading the stream any more;
-a stream that breaks half-way keeps the words that came.
+a stream that breaks half-way keeps the words that came. A pull channel's tool
+rounds are whole answers, so its answer comes in one piece.
 
 Channels are served concurrently: the actor is threaded (the Supervisor sets
 ``max_concurrency``), so a slow language model in one room never holds up
@@ -39,10 +36,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from functools import partial
 
 from pydantic import ValidationError
@@ -68,70 +63,33 @@ from actors.messages import (
     AppendTurns,
     MemoryItem,
     Recall,
+    Recalled,
     RecentTurns,
     TouchEpisodes,
     TurnDelta,
     TurnReply,
+    TurnRow,
     UserTurn,
 )
-from actors.remember_turn import TurnRemembering, with_acknowledgement
+from actors.remember_turn import TurnRemembering
+from runtime import turn
 from runtime.config import ChannelSettings, Settings
 from runtime.llm.persona import PersonaLoader
-from runtime.llm.prompt import build_messages
-from runtime.llm.providers import (
-    AllProvidersFailed,
-    ChatMessage,
-    Completion,
-    LLMError,
-    LLMRequest,
-    make_llm,
-)
+from runtime.llm.providers import AllProvidersFailed, LLMError, make_llm
 from runtime.llm.queue import LLMHealth
-from runtime.memories import privacy
-from runtime.memories.digests import trajectory_for
-from runtime.memories.mood import current_line
-from runtime.memories.portrait import PortraitLine, PortraitReader
-from runtime.memories.transcript import MAX_TURN_CHARS, ToolCallIn, TurnIn
-from runtime.memories.user_profile import section_for
-from runtime.recall.pull import (
-    INDEX_FALLBACK,
-    RECALL_TOOL,
-    Shown,
-    auto_recall,
-    index_text,
-    pull_answer,
-)
+from runtime.memories.portrait import PortraitReader
+from runtime.memories.transcript import ToolCallIn, TurnIn
 from runtime.recall.reader import StoreReader
 from runtime.store.database import Store
-from runtime.time.clock import Clock, SystemClock, household_zone, local_datetime
+from runtime.time.clock import Clock, SystemClock, household_zone
 
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 60.0
-ASSISTANT_SOURCE = "assistant"
-NO_ANSWER = "Sorry, I cannot answer right now."
+NO_ANSWER = turn.NO_ANSWER
 STORED = "stored"  # the provider of a reply answered before (a re-sent turn)
 
-
-@dataclass(frozen=True)
-class _Prepared:
-    """A turn written and recalled for, ready for the language model."""
-
-    msg: UserTurn
-    user_turn: TurnIn
-    turn_id: int | None
-    memories: list[MemoryItem]
-    degraded: bool
-    request: LLMRequest
-    pull: bool = False  # a pull channel's turn (runtime.recall.pull)
-    pulled: list[MemoryItem] = field(default_factory=list)  # what its recall tool returned
-    tool_calls: list[ToolCallIn] = field(default_factory=list)
-    exclude: list[str] = field(default_factory=list)  # in the prompt already: not recalled
-
-    def used(self) -> list[MemoryItem]:
-        """The memories given to the model: in the prompt, then pulled by its tool."""
-        shown = {m.ref for m in self.memories}
-        return [*self.memories, *(m for m in self.pulled if m.ref not in shown)]
+Prepared = turn.Prepared[MemoryItem]
 
 
 class ChannelQueue:
@@ -197,6 +155,11 @@ class TurnsActor:
         # the profile, the trajectory (digests), the mood and a pull channel's
         # memory index: one read connection, opened on the first turn
         self.reader = StoreReader(partial(open_store, settings, self.clock))
+        # the turn's core (runtime.turn) reaches the other actors through these
+        self.wiring: turn.Wiring[MemoryItem] = turn.Wiring(
+            append=self._append, remember=self.remembering.store, recent=self._recent,
+            recall=self._recall, recalled=self._index_soon, touch=self._touch_used,
+            persona=self.persona.load, portrait=self.portrait.lines, read=self.reader.read)
         # a read connection for re-sent turns (those with a caller's request id),
         # opened on the first one
         self._replies: Store | None = None
@@ -206,7 +169,7 @@ class TurnsActor:
         try:
             return TurnIn(channel=msg.channel, source=msg.source, role="user",
                           content=msg.text, speaker=msg.speaker, location=msg.location,
-                          request_id=msg.request_id or f"turn-{uuid.uuid4().hex}")
+                          request_id=msg.request_id or turn.new_request_id())
         except ValidationError as exc:
             raise bad_request(exc) from None
 
@@ -228,14 +191,9 @@ class TurnsActor:
             if answered is not None:
                 return answered
             prepared = self._prepare(msg, channel, user_turn)
-            try:
-                completion = self._complete(prepared, msg.model)
-                text, provider = completion.text, completion.provider
-            except AllProvidersFailed as exc:
-                log.error("no language model answered: %s", exc)
-                text, provider = NO_ANSWER, "none"
+            answer = self._answer(prepared, msg.model)
             metrics.turn(msg.channel, streamed=False)
-            return self._finish(prepared, text, provider)
+            return self._finish(prepared, answer)
 
     def process_stream(self, msg: UserTurn) -> Iterator[TurnDelta | TurnReply]:
         """:meth:`process`, streamed: :class:`TurnDelta` pieces as the language
@@ -250,11 +208,18 @@ class TurnsActor:
             prepared = self._prepare(msg, channel, user_turn)
             pieces: list[str] = []
             provider = "none"
+            pulled: turn.Answer[MemoryItem] | None = None
             try:
-                for name, piece in self._streamed(prepared, msg.model):
-                    provider = name
-                    pieces.append(piece)
-                    yield TurnDelta(text=piece)
+                if prepared.pull:  # whole rounds of tool calls: the answer in one piece
+                    pulled = self._answer(prepared, msg.model)
+                    provider = pulled.provider
+                    pieces.append(pulled.text)
+                    yield TurnDelta(text=pulled.text)
+                else:
+                    for name, piece in self.llm.stream(prepared.request, prefer=msg.model):
+                        provider = name
+                        pieces.append(piece)
+                        yield TurnDelta(text=piece)
             except AllProvidersFailed as exc:
                 log.error("no language model answered: %s", exc)
                 pieces = [NO_ANSWER]
@@ -262,7 +227,8 @@ class TurnsActor:
             except LLMError as exc:  # broke after the first words: keep them
                 log.warning("the reply stream from %s broke: %s", provider, exc.kind)
             metrics.turn(msg.channel, streamed=True)
-            yield self._finish(prepared, "".join(pieces), provider)
+            yield self._finish(prepared, pulled if pulled is not None
+                               else turn.Answer("".join(pieces), provider))
 
     def _answered(self, msg: UserTurn, user_turn: TurnIn) -> TurnReply | None:
         """The reply already stored to a re-sent turn (the caller's request id):
@@ -285,128 +251,41 @@ class TurnsActor:
                          text=reply["content"], citations=json.loads(reply["citations"] or "[]"),
                          provider=STORED, notice=self.llm.notice)
 
-    def _prepare(self, msg: UserTurn, channel: ChannelSettings,
-                 user_turn: TurnIn) -> _Prepared:
-        seeding = channel.seed and not channel.background
-        turn_id: int | None = None
-        if not msg.temporary:
-            # Recall hears of this turn after the turn-zero recall below (which so
-            # does not wait behind the embedding of the very turn it answers).
-            turn_id = self.transcript.append(
-                AppendTurns(turns=[user_turn], index_now=not seeding)).ids[0]
-        stored = self.remembering.store(user_turn, turn_id)
+    def _prepare(self, msg: UserTurn, channel: ChannelSettings, user_turn: TurnIn) -> Prepared:
+        """The turn written, recalled for and its request built (runtime.turn.prepare)."""
+        return turn.prepare(turn.Asked(user_turn, channel, msg.temporary), self.settings,
+                            self.wiring, self.clock, self.zone)
 
-        history = self.transcript.recent(
-            RecentTurns(channel=msg.channel, limit=self.settings.runtime.history_turns + 1))
-        # privacy: what this speaker on this channel may be told (runtime.memories.privacy)
-        who = privacy.audience(self.settings, channel, msg.speaker)
-        past = privacy.history_for_audience(
-            [t for t in history.turns if t.id != turn_id and not t.disabled],
-            who)[-self.settings.runtime.history_turns:]
-
-        memories: list[MemoryItem] = []
-        degraded = False
-        if seeding:
-            shown = [f"turn:{t.id}" for t in history.turns]  # already in the prompt
-            try:
-                recalled = self.recall.recall(Recall(query=msg.text, exclude=shown))
-            finally:
-                if turn_id is not None:
-                    self._index_soon()
-            memories = privacy.for_audience(recalled.items, who)
-            degraded = recalled.degraded
-
-        in_prompt: list[MemoryItem] | list[Shown] = memories
-        index = ""
-        if seeding and channel.injection == "pull":  # index, tool and auto-recall
-            memories, in_prompt = auto_recall(memories)
-            lines = self.portrait.lines()
-            index = self.reader.read("memory index", lambda s: index_text(s, lines),
-                                     INDEX_FALLBACK)
-        messages = with_acknowledgement(build_messages(
-            self.persona.load(), in_prompt,
-            [_as_message(t.role, t.content) for t in past],
-            msg.text, local_datetime(self.clock, self.zone),
-            portrait=self._portrait(channel), mode="pull" if index else "push", index=index,
-            context=self._context(msg, channel)),
-            stored)
-        request = LLMRequest(messages=messages, memories=[m.text for m in memories],
-                             remembered=stored,
-                             sensitive=[m.sensitive for m in memories],
-                             tools=[RECALL_TOOL] if index else [])
-        return _Prepared(msg, user_turn, turn_id, memories, degraded, request, pull=bool(index),
-                         exclude=[f"turn:{t.id}" for t in history.turns] if index else [])
-
-    def _complete(self, prepared: _Prepared, prefer: str | None) -> Completion:
+    def _answer(self, prepared: Prepared, prefer: str | None) -> turn.Answer[MemoryItem]:
         """The model's answer; on a pull channel, after the recall calls it makes
-        (answered by Recall, for the same audience as the prompt: runtime.recall.pull)."""
-        if not prepared.pull:
-            return self.llm.complete(prepared.request, prefer=prefer)
-        msg = prepared.msg
-        who = privacy.audience(self.settings, self.settings.channels[msg.channel], msg.speaker)
-        outcome = pull_answer(
-            prepared.request, partial(self.llm.complete, prefer=prefer),
-            lambda query, limit: privacy.for_audience(
-                self.recall.recall(Recall(query=query, max_items=limit,
-                                          exclude=prepared.exclude)).items, who))
-        prepared.pulled.extend(outcome.used)
-        prepared.tool_calls.extend(outcome.calls)
-        return outcome.completion
+        (answered by Recall: runtime.turn.answer)."""
+        return turn.answer(prepared, partial(self.llm.complete, prefer=prefer), self._recall)
 
-    def _streamed(self, prepared: _Prepared, prefer: str | None) -> Iterator[tuple[str, str]]:
-        """``(provider, piece)`` of the model's answer as it streams; a pull
-        channel's tool rounds are whole answers, so its answer comes in one piece."""
-        if not prepared.pull:
-            yield from self.llm.stream(prepared.request, prefer=prefer)
-            return
-        completion = self._complete(prepared, prefer)
-        yield completion.provider, completion.text
+    def _finish(self, prepared: Prepared, answer: turn.Answer[MemoryItem]) -> TurnReply:
+        """The reply written with its citations (runtime.turn.finish), as the actor's reply."""
+        done = turn.finish(prepared, answer, self.wiring)
+        return TurnReply(turn_id=done.turn_id, reply_id=done.reply_id, text=done.text,
+                         citations=done.citations, provider=done.provider,
+                         recall_degraded=done.recall_degraded, notice=self.llm.notice)
 
-    def _context(self, msg: UserTurn, channel: ChannelSettings) -> list[str]:
-        """The user profile (directives in scope of the turn's channel and speaker)
-        and, on a seeded channel, the trajectory and the mood; nothing on a
-        background channel."""
-        if channel.background:
-            return []
-        who = privacy.audience(self.settings, channel, msg.speaker)  # a guest: directives only
-        stranger = who.spoken and not who.known
-        now = self.clock.now()
-        read = self.reader.read
-        return [read("profile", lambda s: section_for(s, msg.channel, msg.speaker, stranger), ""),
-                read("trajectory", trajectory_for, "") if channel.seed else "",
-                read("mood", lambda s: current_line(s, now), "") if channel.seed else ""]
+    # -- the core's wiring: the other actors ------------------------------------------
 
-    def _portrait(self, channel: ChannelSettings) -> list[PortraitLine]:
-        """The household's portrait for a seeded channel's prompt (none on a
-        background channel, nor when it cannot be read)."""
-        if not channel.seed or channel.background or channel.injection == "pull":
-            return []  # a pull channel has the portrait's first line in its index
-        return self.portrait.lines()
+    def _append(self, turn_in: TurnIn, *, citations: list[str] | None = None,
+                tool_calls: Sequence[ToolCallIn] = (), index_now: bool = True) -> int:
+        """One turn to the Transcript actor (it tells Recall when ``index_now``)."""
+        return self.transcript.append(AppendTurns(
+            turns=[turn_in], citations=None if citations is None else [citations],
+            tool_calls=[list(tool_calls)] if tool_calls else None, index_now=index_now)).ids[0]
 
-    def _finish(self, prepared: _Prepared, text: str, provider: str) -> TurnReply:
-        msg, memories = prepared.msg, prepared.used()
-        citations = [m.ref for m in memories]
-        reply_id: int | None = None
-        if not msg.temporary:
-            reply = TurnIn(channel=msg.channel, source=ASSISTANT_SOURCE, role="assistant",
-                           content=(text or "…")[:MAX_TURN_CHARS],
-                           request_id=f"reply-{prepared.user_turn.request_id}",
-                           sensitive=any(m.sensitive for m in memories))
-            # the reply and its citations: one call, one transaction
-            calls = [prepared.tool_calls] if prepared.tool_calls else None
-            reply_id = self.transcript.append(
-                AppendTurns(turns=[reply], citations=[citations], tool_calls=calls)).ids[0]
-            self._touch_used(memories)
-        return TurnReply(turn_id=prepared.turn_id, reply_id=reply_id, text=text,
-                         citations=citations, provider=provider,
-                         recall_degraded=prepared.degraded, notice=self.llm.notice)
+    def _recent(self, channel: str, limit: int) -> list[TurnRow]:
+        return self.transcript.recent(RecentTurns(channel=channel, limit=limit)).turns
 
-    def _touch_used(self, memories: list[MemoryItem]) -> None:
+    def _recall(self, query: str, max_items: int | None, exclude: list[str]) -> Recalled:
+        return self.recall.recall(Recall(query=query, max_items=max_items, exclude=exclude))
+
+    def _touch_used(self, ids: list[int]) -> None:
         """The episodes given to the model become relevant again (fire and
         forget: a turn never waits for it, nor fails for it)."""
-        ids = [m.item_id for m in memories if m.kind == "episode"]
-        if not ids:
-            return
         try:
             self.episodes.touch_async(TouchEpisodes(ids=ids, at=self.clock.now()))
         except Exception as exc:
@@ -434,7 +313,3 @@ class TurnsActor:
 
     def ping(self) -> str:
         return "ok"
-
-
-def _as_message(role: str, content: str) -> ChatMessage:
-    return ChatMessage(role="assistant" if role == "assistant" else "user", content=content)
