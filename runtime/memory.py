@@ -13,16 +13,22 @@ embeds and indexes what is new. A crash in between loses nothing: the rows
 are durable and the next sync (at the latest on the next open) embeds them.
 :meth:`Memory.change` disables, enables or forgets an item, keeping the vector
 index in step.
+
+:meth:`Memory.turn` answers a conversation turn in process: the turn's core
+(:mod:`runtime.turn`, the same flow the Turns actor runs) over this memory's
+services.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from functools import partial
 from pathlib import Path
 
 from runtime.config import Settings
 from runtime.llm.embedder import Embedder, make_embedder
+from runtime.llm.persona import PersonaLoader
 from runtime.llm.providers import FallbackChain, make_llm
 from runtime.memories import retention as write_log_retention
 from runtime.memories.digests import DigestBatch, DigestService
@@ -30,20 +36,23 @@ from runtime.memories.duplicates import DuplicateCheck, IndexFinder, NearDuplica
 from runtime.memories.episodes import EpisodeIn, EpisodeService
 from runtime.memories.facts import FactIn, GraphService, Resolution
 from runtime.memories.mood import MoodIn, MoodService
-from runtime.memories.portrait import PortraitIn, PortraitService
+from runtime.memories.portrait import PortraitIn, PortraitReader, PortraitService
 from runtime.memories.profiles import MemoryProfiles
 from runtime.memories.refs import Action, Match, Ref, Services, change, find_matching
 from runtime.memories.threads import ThreadChange, ThreadService
-from runtime.memories.transcript import TranscriptService, TurnIn
+from runtime.memories.transcript import ToolCallIn, TranscriptService, TurnIn
 from runtime.memories.user_profile import ProfileOp, ProfileService
 from runtime.mind import janitor
 from runtime.mind.contract import JobContext
-from runtime.recall.hybrid import Recaller, RecallResult
+from runtime.recall.hybrid import Recaller, RecallItem, RecallResult
 from runtime.recall.indexing import Indexer, Progress
+from runtime.recall.reader import StoreReader
 from runtime.store.database import Store
 from runtime.store.fact_kinds import FactKinds
 from runtime.store.vector_index import VectorIndex
 from runtime.time.clock import Clock, SystemClock, household_zone
+from runtime.turn import WRITER as TURN_WRITER
+from runtime.turn import Asked, Replied, Wiring, new_request_id, recent_turns, remember, run
 
 log = logging.getLogger(__name__)
 
@@ -212,3 +221,53 @@ class Memory:
 
     def counts(self) -> dict[str, int]:
         return self.store.counts()
+
+    # -- a conversation turn ----------------------------------------------
+
+    def turn(self, text: str, channel: str = "chat", speaker: str | None = None,
+             temporary: bool = False, llm: FallbackChain | None = None) -> Replied:
+        """Answer a user's ``text`` on ``channel`` (one of ``settings.channels``)
+        from ``speaker``, as the Turns actor does (:func:`runtime.turn.run`): the
+        turn and its reply written with the reply's citations (nothing when
+        ``temporary``), turn-zero recall through this memory's recaller, what the
+        turn asks to remember stored, the prompt's parts read from this store.
+        ``llm``: default the configured chain (with no provider configured, the
+        offline one). ValueError for an unknown channel."""
+        settings = self.settings.channels.get(channel)
+        if settings is None:
+            known = ", ".join(sorted(self.settings.channels))
+            raise ValueError(f"unknown channel {channel!r}; configured channels: {known}")
+        asked = Asked(TurnIn(channel=channel, source="user", role="user", content=text,
+                             speaker=speaker, request_id=new_request_id()),
+                      settings, temporary)
+        wiring: Wiring[RecallItem] = Wiring(
+            append=self._append_turn,
+            remember=lambda turn, turn_id: remember(
+                turn, turn_id, self.profiles, self.clock,
+                partial(self.add_fact, writer=TURN_WRITER)),
+            recent=partial(recent_turns, self.store),
+            recall=lambda query, limit, exclude: self.recaller.recall(
+                query, max_items=limit, exclude=exclude),
+            recalled=self.indexer.sync,
+            touch=lambda ids: self.episodes.touch(ids, self.clock.now(), TURN_WRITER),
+            persona=PersonaLoader.from_settings(self.settings.persona).load,
+            portrait=PortraitReader(lambda: self.store).lines,
+            read=StoreReader(lambda: self.store).read)
+        chain = llm or make_llm(self.settings.llm)
+        return run(asked, self.settings, wiring, self.clock,
+                   household_zone(self.settings.household.timezone), chain.complete)
+
+    def _append_turn(self, turn: TurnIn, /, *, citations: list[str] | None = None,
+                     tool_calls: Sequence[ToolCallIn] = (), index_now: bool = True) -> int:
+        """One turn with its citations and tool calls, in one transaction (as
+        the Transcript actor appends); indexed now or, for a turn about to be
+        recalled for, once its turn-zero recall is done."""
+        with self.store.write_transaction():
+            turn_id = self.transcript.append(turn)
+            if citations:
+                self.transcript.set_citations(turn_id, citations)
+            if tool_calls:
+                self.transcript.add_tool_calls(turn_id, list(tool_calls))
+        if index_now:
+            self.indexer.sync()
+        return turn_id
