@@ -94,13 +94,9 @@ class TranscriptActor:
 
     def recent(self, msg: RecentTurns) -> TurnList:
         msg = accept(RecentTurns, msg)
-        rows = self.store.rows(
-            "SELECT id, channel, source, role, speaker, content, created_at, disabled,"
-            " sensitive FROM transcript"
-            " WHERE channel = ? ORDER BY id DESC LIMIT ?", (msg.channel, msg.limit))
         return TurnList(turns=[TurnRow(**{**r, "disabled": bool(r["disabled"]),
                                           "sensitive": bool(r["sensitive"])})
-                               for r in reversed(rows)])
+                               for r in self.transcript.recent(msg.channel, msg.limit)])
 
     def change(self, msg: ChangeMemory) -> Ack:
         """Disable, enable or forget one turn; then bring the index in step."""

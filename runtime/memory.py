@@ -245,7 +245,7 @@ class Memory:
             remember=lambda turn, turn_id: remember(
                 turn, turn_id, self.profiles, self.clock,
                 partial(self.add_fact, writer=TURN_WRITER)),
-            recent=partial(recent_turns, self.store),
+            recent=partial(recent_turns, self.transcript),
             recall=lambda query, limit, exclude: self.recaller.recall(
                 query, max_items=limit, exclude=exclude),
             recalled=self.indexer.sync,

@@ -65,7 +65,7 @@ from runtime.memories.mood import current_line
 from runtime.memories.portrait import PortraitLine
 from runtime.memories.privacy import Audience
 from runtime.memories.profiles import MemoryProfiles
-from runtime.memories.transcript import MAX_TURN_CHARS, ToolCallIn, TurnIn
+from runtime.memories.transcript import MAX_TURN_CHARS, ToolCallIn, TranscriptService, TurnIn
 from runtime.memories.user_profile import section_for
 from runtime.mind.remember import acknowledgement, turn_facts
 from runtime.recall.pull import (
@@ -500,11 +500,9 @@ class Turn:
     disabled: bool
 
 
-def recent_turns(store: Store, channel: str, limit: int) -> list[Turn]:
+def recent_turns(transcript: TranscriptService, channel: str, limit: int) -> list[Turn]:
     """A channel's ``limit`` most recent turns, oldest first (what the
-    Transcript actor's ``recent`` answers), read from ``store``."""
-    rows = store.rows("SELECT id, role, speaker, content, sensitive, disabled FROM transcript"
-                      " WHERE channel = ? ORDER BY id DESC LIMIT ?", (channel, limit))
+    Transcript actor's ``recent`` answers), read through ``transcript``."""
     return [Turn(id=r["id"], role=r["role"], speaker=r["speaker"], content=r["content"],
                  sensitive=bool(r["sensitive"]), disabled=bool(r["disabled"]))
-            for r in reversed(rows)]
+            for r in transcript.recent(channel, limit)]

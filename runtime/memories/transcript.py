@@ -100,6 +100,15 @@ class TranscriptService:
                     return int(existing)
             return self._insert(turn, writer)
 
+    def recent(self, channel: str, limit: int) -> list[Row]:
+        """A channel's ``limit`` most recent turns, oldest first (disabled ones
+        too, flagged): the history a turn's prompt is made from."""
+        rows = self.store.rows(
+            "SELECT id, channel, source, role, speaker, content, created_at, disabled,"
+            " sensitive FROM transcript"
+            " WHERE channel = ? ORDER BY id DESC LIMIT ?", (channel, limit))
+        return list(reversed(rows))
+
     def _insert(self, turn: TurnIn, writer: str) -> int:
         profile = self.profiles.for_source(turn.source)
         created_at = self.store.clock.now() if turn.created_at is None else turn.created_at
