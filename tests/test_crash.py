@@ -49,7 +49,7 @@ BEFORE_KILL = 30   # acknowledged turns before the kill
 AFTER_KILL = 20    # acknowledged turns after a single actor was killed (it came back)
 SESSION_DIR = re.compile(r"/[^\s=,'\"]*/session_\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d_\d+_\d+")
 
-# The streamer: joins the running runtime like a client command (actors.cli.main)
+# The streamer: joins the running runtime like a client command (actors.cli)
 # and streams user turns, one thread per channel, until its stdin closes.
 STREAMER = r"""
 import hashlib, os, sys, threading, time
