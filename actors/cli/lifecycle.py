@@ -1,12 +1,17 @@
 """``reverie run``, ``reverie init`` and ``reverie status``: start the runtime
-(:mod:`actors.node`), write a user configuration file, show the runtime's
+(:mod:`actors.node`), write a user configuration file (or, with ``--service``,
+a systemd unit that runs ``reverie run``), show the runtime's
 health (and, in words, the MQTT bridge, the location history and presence).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from actors.cli.common import EXIT_NO_RUNTIME, EXIT_OK, Remote
@@ -22,9 +27,66 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_init(args: argparse.Namespace, settings: Settings | None) -> int:
     from runtime.user_config import default_user_config_path, write_user_config
 
+    if getattr(args, "service", False):
+        return _init_service(args)
+    if getattr(args, "system", False):
+        raise ValueError("--system goes with --service")
     path = args.path or default_user_config_path()
     written = write_user_config(path, force=args.force)
     print(f"wrote {written}")
+    return EXIT_OK
+
+
+def _reverie_executable() -> Path:
+    """The absolute path of this installation's ``reverie`` command (the venv's)."""
+    beside = Path(os.path.abspath(sys.executable)).parent / "reverie"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("reverie")
+    if found:
+        return Path(os.path.abspath(found))
+    raise ValueError(f"no `reverie` command beside {sys.executable} or on PATH; "
+                     "install the package (make venv) first")
+
+
+def _init_service(args: argparse.Namespace) -> int:
+    """``reverie init --service``: write the systemd unit, print how to start it."""
+    import grp
+    import pwd
+
+    from runtime.user_config import (
+        CARRIED_ENV,
+        default_service_path,
+        default_user_config_path,
+        service_commands,
+        service_unit_text,
+        write_service_unit,
+    )
+
+    system = bool(args.system)
+    user = group = None
+    if system:
+        if os.geteuid() == 0:
+            raise ValueError("the unit runs Reverie as the user who writes it, never as root:"
+                             " run `reverie init --service --system --path reverie.service` "
+                             "as that user, then install the file with sudo")
+        entry = pwd.getpwuid(os.getuid())
+        user, group = entry.pw_name, grp.getgrgid(entry.pw_gid).gr_name
+    environment = {name: os.environ[name] for name in CARRIED_ENV if os.environ.get(name)}
+    if args.config is not None:  # `reverie --config FILE init --service`: the unit reads it
+        environment["REVERIE_CONFIG"] = os.path.abspath(args.config)
+    for name in ("REVERIE_CONFIG", "REVERIE_DATA_DIR"):
+        if name in environment:
+            environment[name] = os.path.abspath(os.path.expanduser(environment[name]))
+    config = Path(environment.get("REVERIE_CONFIG") or default_user_config_path())
+    text = service_unit_text(_reverie_executable(), env_file=config.parent / "reverie.env",
+                             system=system, user=user, group=group, environment=environment)
+    path = args.path or default_service_path(system)
+    written, changed = write_service_unit(path, text, force=args.force)
+    print(f"wrote {written}" if changed else f"{written} is up to date; left as it is")
+    print("nothing was enabled or started; to run Reverie as a service:")
+    for command in service_commands(written, system):
+        print(f"  {command}")
     return EXIT_OK
 
 

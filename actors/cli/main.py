@@ -96,6 +96,11 @@ def parser() -> argparse.ArgumentParser:
     init.add_argument("--path", type=Path, help="where (default: $REVERIE_CONFIG or "
                       "~/.config/reverie/reverie.toml)")
     init.add_argument("--force", action="store_true", help="overwrite an existing file")
+    init.add_argument("--service", action="store_true",
+                      help="write a systemd unit that runs `reverie run` instead (default: "
+                      "~/.config/systemd/user/reverie.service); enables and starts nothing")
+    init.add_argument("--system", action="store_true", help="with --service: a system unit "
+                      "(/etc/systemd/system/reverie.service) that runs as you")
     init.set_defaults(func=cmd_init, needs_settings=False)
 
     def turn_args(sp: argparse.ArgumentParser) -> None:
