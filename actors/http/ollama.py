@@ -1,6 +1,15 @@
 """Ollama-compatible chat: ``POST /api/chat`` (streamed as NDJSON by default, as
-Ollama does, or one JSON object with ``"stream": false``), ``GET /api/tags``
-and ``GET /api/version``.
+Ollama does, or one JSON object with ``"stream": false``), and the model calls
+Ollama's clients make around it (Home Assistant's integration lists, polls
+``ps`` and pulls before it chats): ``GET /api/tags``, ``GET /api/ps``,
+``POST /api/show``, ``POST /api/pull`` and ``GET /api/version``.
+
+Reverie loads no model itself: a served name answers through the configured
+providers. So ``/api/tags`` and ``/api/ps`` list the served names with size 0;
+``/api/show`` reports ``capabilities``: ``completion`` always, ``tools`` when the
+name reaches an OpenAI-compatible provider first (those take tools; the offline
+provider does not); ``/api/pull`` of a served name succeeds at once, and of any
+other name fails as Ollama's does ("pull model manifest: file does not exist").
 
 Tools that speak Ollama's API can then use Reverie as their model, with
 memory: the last user message is one turn on the same path as ``reverie
@@ -17,12 +26,13 @@ it with ``headers={"Authorization": "Bearer …"}``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
@@ -37,6 +47,8 @@ from runtime.config import Settings
 
 log = logging.getLogger(__name__)
 
+Body = TypeVar("Body", bound=BaseModel)
+
 #: The Ollama API version this endpoint follows (clients check it is recent enough).
 OLLAMA_VERSION = "0.6.0"
 
@@ -46,6 +58,20 @@ class OllamaMessage(BaseModel):
 
     role: str = Field(max_length=40)
     content: str | None = None
+
+
+class OllamaModelName(BaseModel):
+    """The body of ``/api/show`` and ``/api/pull``: ``model`` (older clients
+    send ``name``); ``stream`` is read by pull (Ollama streams by default)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = Field(default=None, min_length=1, max_length=200)
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    stream: bool = True
+
+    def named(self) -> str | None:
+        return self.model or self.name
 
 
 class OllamaChat(BaseModel):
@@ -85,6 +111,54 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
+#: Ollama's answer to a pull of a model its registry does not have.
+NOT_PULLABLE = "pull model manifest: file does not exist"
+
+
+async def _parsed(request: Request, model: type[Body]) -> Body:
+    """The body as ``model``, JSON whatever its Content-Type says (``curl -d``
+    sends a form type; Ollama reads JSON); a 422 naming the field otherwise."""
+    try:
+        return model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise RequestValidationError(
+            [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        ) from None
+
+
+class Served:
+    """What Ollama's clients read about a served name: its ``details`` block,
+    digest and capabilities."""
+
+    def __init__(self, settings: Settings, models: Models) -> None:
+        self.models = models
+        self.providers = {p.name for p in settings.llm.providers} | {
+            p.model for p in settings.llm.providers}
+
+    def takes_tools(self, name: str) -> bool:
+        """Whether the provider asked first for ``name`` is an OpenAI-compatible
+        one (tools go upstream); the offline provider takes none."""
+        upstream = self.models.upstream(name)
+        if upstream is None:  # "reverie": the configured order, providers first
+            return bool(self.providers)
+        return upstream in self.providers
+
+    def details(self, name: str) -> dict[str, Any]:
+        return {"parent_model": "",
+                "format": "openai" if self.takes_tools(name) else "offline",
+                "family": "reverie", "families": ["reverie"],
+                "parameter_size": "", "quantization_level": ""}
+
+    def capabilities(self, name: str) -> list[str]:
+        return ["completion", "tools"] if self.takes_tools(name) else ["completion"]
+
+    @staticmethod
+    def digest(name: str) -> str:
+        """A stable digest of the name (Ollama's is the model file's): clients
+        compare digests to see a model change."""
+        return hashlib.sha256(f"reverie:{name}".encode()).hexdigest()
+
+
 def _done(model: str, reply: TurnReply, content: str, started: float) -> dict[str, Any]:
     return {"model": model, "created_at": _now(),
             "message": {"role": "assistant", "content": content},
@@ -95,6 +169,7 @@ def _done(model: str, reply: TurnReply, content: str, started: float) -> dict[st
 
 def install(app: FastAPI, settings: Settings, backend: Backend) -> None:
     models = Models(settings)
+    about = Served(settings, models)
 
     def served(name: str) -> str | None:
         """The name as /v1/models knows it; None when not served."""
@@ -110,14 +185,59 @@ def install(app: FastAPI, settings: Settings, backend: Backend) -> None:
 
     @app.get("/api/tags", tags=["ollama"])
     def tags() -> dict[str, Any]:
-        """The models a chat request may name (as ``/v1/models``), tagged ``:latest``."""
+        """The models a chat request may name (as ``/v1/models``), tagged
+        ``:latest``, each with Ollama's ``details`` block."""
         stamp = _now()
         return {"models": [
             {"name": f"{name}:latest", "model": f"{name}:latest", "modified_at": stamp,
-             "size": 0, "digest": "",
-             "details": {"format": "", "family": "reverie", "families": None,
-                         "parameter_size": "", "quantization_level": ""}}
+             "size": 0, "digest": about.digest(name), "details": about.details(name)}
             for name in models.names]}
+
+    @app.get("/api/ps", tags=["ollama"])
+    def ps() -> dict[str, Any]:
+        """The models ready to answer: every served name (Reverie holds no model
+        in memory itself, so size and size_vram are 0)."""
+        return {"models": [
+            {"name": f"{name}:latest", "model": f"{name}:latest", "size": 0,
+             "digest": about.digest(name), "details": about.details(name),
+             "size_vram": 0}
+            for name in models.names]}
+
+    @app.post("/api/show", tags=["ollama"], response_model=None, openapi_extra={
+        "requestBody": {"required": True, "content": {
+            "application/json": {"schema": inline_defs(OllamaModelName.model_json_schema())}}}})
+    async def show(request: Request) -> JSONResponse | dict[str, Any]:
+        """A served model as Ollama describes one: ``details``, ``model_info`` and
+        ``capabilities`` (``tools`` when its first provider takes them); 404
+        for a name not served."""
+        body = await _parsed(request, OllamaModelName)
+        asked = body.named() or ""
+        name = served(asked)
+        if name is None:
+            return _error(404, f"model '{asked}' not found")
+        return {"modelfile": "", "parameters": "", "template": "", "license": "",
+                "details": about.details(name), "model_info": {},
+                "capabilities": about.capabilities(name), "modified_at": _now()}
+
+    @app.post("/api/pull", tags=["ollama"], response_model=None, openapi_extra={
+        "requestBody": {"required": True, "content": {
+            "application/json": {"schema": inline_defs(OllamaModelName.model_json_schema())}}}})
+    async def pull(request: Request) -> JSONResponse | StreamingResponse | dict[str, Any]:
+        """A served model is already here: ``success`` (streamed as NDJSON unless
+        ``"stream": false``). Any other name fails as Ollama's pull does: 500
+        with ``"pull model manifest: file does not exist"``, or that error in
+        the stream."""
+        body = await _parsed(request, OllamaModelName)
+        asked = body.named()
+        if not asked:
+            return _error(400, "model is required")
+        found = served(asked) is not None
+        if not body.stream:
+            return {"status": "success"} if found else _error(500, NOT_PULLABLE)
+        last = {"status": "success"} if found else {"error": NOT_PULLABLE}
+        lines = [{"status": "pulling manifest"}, last]
+        return StreamingResponse((json.dumps(x).encode() + b"\n" for x in lines),
+                                 media_type="application/x-ndjson")
 
     @app.post("/api/chat", tags=["ollama"], response_model=None, openapi_extra={
         "requestBody": {"required": True, "content": {
@@ -131,12 +251,7 @@ def install(app: FastAPI, settings: Settings, backend: Backend) -> None:
         chat``); streamed as NDJSON unless ``"stream": false``. Extension:
         ``reverie`` in the last object. The body is JSON whatever its
         Content-Type says (``curl -d`` sends a form type; Ollama reads JSON)."""
-        try:
-            body = OllamaChat.model_validate_json(await request.body())
-        except ValidationError as exc:
-            raise RequestValidationError(
-                [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
-            ) from None
+        body = await _parsed(request, OllamaChat)
         return await run_in_threadpool(answer, body, x_reverie_speaker, x_reverie_channel)
 
     def answer(body: OllamaChat, speaker: str | None,
