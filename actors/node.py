@@ -259,11 +259,14 @@ def run(settings: Settings, address: str | None = None, verbose: bool = False) -
         print("reverie: starting actors…", file=sys.stderr, flush=True)
         sup = supervisor.start(settings)
         http = sup.http_address()
+        # the Wyoming handle service runs in the HTTP actor (actors/http/wyoming.py)
+        wyoming = (sup.http.call("wyoming_address", reply=str, retry=True, timeout=10.0)
+                   or None) if settings.http.enabled and settings.wyoming.enabled else None
         write_runtime(settings, {
             "address": ctx.address_info["gcs_address"], "namespace": settings.runtime.namespace,
             "pid": os.getpid(), "pid_start": process_start(os.getpid()), "auth": auth,
             "started_at": time.time(),
-            "dashboard": ctx.dashboard_url or None, "http": http})
+            "dashboard": ctx.dashboard_url or None, "http": http, "wyoming": wyoming})
         print(f"reverie: running (namespace {settings.runtime.namespace}, "
               f"data {settings.store.resolved_dir})")
         if http:
@@ -272,6 +275,12 @@ def run(settings: Settings, address: str | None = None, verbose: bool = False) -
         elif settings.http.enabled:
             print("reverie: the HTTP API is off: it could not listen (see `reverie status`)",
                   file=sys.stderr)
+        if wyoming:
+            print(f"reverie: Wyoming handle service {wyoming}")
+        elif settings.wyoming.enabled:
+            print("reverie: the Wyoming service is off: " + (
+                "it runs in the HTTP actor ([http] enabled = false)" if not settings.http.enabled
+                else "it could not start (see `reverie status`)"), file=sys.stderr)
         if ctx.dashboard_url:
             print(f"reverie: dashboard http://{ctx.dashboard_url} (token in "
                   f"{token_path(settings)})")

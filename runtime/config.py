@@ -236,6 +236,10 @@ class ChannelSettings(_Section):
     injection: Literal["push", "pull"] = "push"
     # answers are read aloud: no sensitive memory for an unknown speaker (runtime.memories.privacy)
     spoken: bool = False
+    # the memory layer on /v1/chat/completions and /api/chat (actors.http.layer):
+    # the client's system prompt, history and tools kept, Reverie's memory added;
+    # false: only the last user message is used, the transcript is the history
+    passthrough: bool = True
 
     @model_validator(mode="after")
     def _pull_is_seeded(self) -> ChannelSettings:
@@ -420,6 +424,46 @@ class HttpSettings(_Section):
     max_body_bytes: int = Field(default=1_048_576, ge=1024, le=64 * 1_048_576)
     # alias -> upstream model name, for the OpenAI-compatible `model` field
     models: dict[str, str] = Field(default_factory=dict)
+    # OAuth for /mcp (actors/http/oauth.py): how long an access / refresh token lives
+    mcp_access_token_seconds: int = Field(default=3600, ge=60, le=86400)
+    mcp_refresh_token_seconds: int = Field(default=30 * 86400, ge=3600, le=365 * 86400)
+
+
+class WyomingSatellite(_Section):
+    """One satellite or device of ``[wyoming.satellites]``: where it is and, where
+    known, who speaks to it (the turn's speaker, so the privacy tier's rules apply)."""
+
+    room: str = Field(default="", max_length=80)
+    person: str | None = Field(default=None, min_length=1, max_length=200)
+
+
+class WyomingSettings(_Section):
+    """The Wyoming handle service (``actors/http/wyoming.py``, in the HTTP actor).
+
+    Off by default. Wyoming has no authentication: a host outside loopback needs
+    ``allowed_peers`` (addresses or networks), or the service refuses to start."""
+
+    enabled: bool = False
+    host: str = Field(default="127.0.0.1", min_length=1, max_length=255)
+    port: int = Field(default=10800, ge=0, le=65535)  # 0: a free port
+    # The peers (IP addresses or networks, "192.168.1.20", "192.168.1.0/24") that
+    # may connect; any other is closed at once. Empty: loopback peers only.
+    allowed_peers: list[str] = Field(default_factory=list)
+    languages: list[str] = Field(default_factory=lambda: ["en"])  # [] : any language
+    # satellite_id or device_id (from the transcript's context) -> room and person
+    satellites: dict[str, WyomingSatellite] = Field(default_factory=dict)
+
+    @field_validator("allowed_peers")
+    @classmethod
+    def _peers(cls, value: list[str]) -> list[str]:
+        import ipaddress
+
+        for peer in value:
+            try:
+                ipaddress.ip_network(peer, strict=False)
+            except ValueError:
+                raise ValueError(f"{peer!r} is not an IP address or network") from None
+        return value
 
 
 SYNC_KINDS = ("caldav", "ical", "imap", "carddav")
@@ -563,6 +607,7 @@ class Settings(_Section):
     gps: GpsSettings = GpsSettings()
     replica: ReplicaSettings = ReplicaSettings()
     http: HttpSettings = HttpSettings()
+    wyoming: WyomingSettings = WyomingSettings()
     sync: SyncSettings = SyncSettings()
     research: ResearchSettings = ResearchSettings()
     threads: ThreadSettings = ThreadSettings()

@@ -11,6 +11,13 @@ port, and :meth:`HttpActor.address` tells which (``reverie run`` writes it to
 
 The access log is off and uvicorn logs at ``warning``: no request line, body
 or token reaches a log.
+
+The same actor hosts the Wyoming handle service when ``[wyoming] enabled``
+(:mod:`actors.http.wyoming`: its own asyncio loop in a thread beside uvicorn's,
+its socket bound here too). A taken port, or a host outside loopback without
+``allowed_peers``, stops only that service: the HTTP API keeps running and the
+ping says why (``ok; wyoming down: ...``); :meth:`HttpActor.wyoming_address`
+is then empty (``runtime.json`` has ``"wyoming": null``).
 """
 
 from __future__ import annotations
@@ -27,6 +34,10 @@ if TYPE_CHECKING:
 from actors.common import HTTP, setup_logging
 from actors.messages import Ack
 from runtime.config import Settings
+
+if TYPE_CHECKING:
+    from actors.http.backend import Backend
+    from actors.http.wyoming import WyomingService
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +100,16 @@ class HttpActor:
         from actors.http.backend import ActorBackend
 
         http = settings.http
-        app = make_app(settings, load_or_create_token(settings), ActorBackend(settings))
+        backend = ActorBackend(settings)
+        app = make_app(settings, load_or_create_token(settings), backend)
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._address = ""
         self._error = ""
+        self._wyoming: WyomingService | None = None
+        self._wyoming_error = ""
+        if settings.wyoming.enabled:
+            self._start_wyoming(settings, backend)
         try:
             self._sock = _bind(http.host, http.port)
         except OSError as exc:
@@ -115,12 +131,44 @@ class HttpActor:
         self._thread.start()
         log.info("http: listening on %s", self._address)
 
+    def _start_wyoming(self, settings: Settings, backend: Backend) -> None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        from actors.http.wyoming import WyomingService, refusal
+
+        wy = settings.wyoming
+        if why := refusal(wy):
+            self._wyoming_error = f"refusing to start: {why}"
+            log.error("wyoming: %s", self._wyoming_error)
+            return
+        try:
+            release = version("reverie")
+        except PackageNotFoundError:
+            release = "0"
+        service = WyomingService(wy, backend, release)
+        try:
+            service.bind(_bind(wy.host, wy.port))
+        except OSError as exc:
+            self._wyoming_error = f"cannot listen on {wy.host}:{wy.port}: {exc.strerror or exc}"
+            log.error("wyoming: %s; the Wyoming service is off", self._wyoming_error)
+            return
+        service.start()
+        self._wyoming = service
+        log.info("wyoming: listening on %s", service.address)
+
+    def wyoming_address(self) -> str:
+        """The Wyoming service's address (``tcp://127.0.0.1:PORT``); empty when it
+        is off or could not start."""
+        return self._wyoming.address if self._wyoming is not None else ""
+
     def address(self) -> str:
         """The base URL (``http://127.0.0.1:PORT``); empty when it could not listen."""
         return self._address
 
     def stop(self) -> Ack:
         """Stop taking requests; let those running finish (a few seconds at most)."""
+        if self._wyoming is not None:
+            self._wyoming.stop()
         if self._thread is not None:
             self._server.should_exit = True
             self._thread.join(timeout=STOP_TIMEOUT_S)
@@ -134,7 +182,17 @@ class HttpActor:
 
     def ping(self) -> str:
         if self._error:
-            return f"down: {self._error}"
+            return f"down: {self._error}" + self._wyoming_state()
         if self._thread is None or not self._thread.is_alive():
-            return "down: the HTTP server stopped"
-        return "ok"
+            return "down: the HTTP server stopped" + self._wyoming_state()
+        return "ok" + self._wyoming_state()
+
+    def _wyoming_state(self) -> str:
+        """The Wyoming service's part of the ping: nothing when it is off."""
+        if self._wyoming_error:
+            return f"; wyoming down: {self._wyoming_error}"
+        if self._wyoming is None:
+            return ""
+        if not self._wyoming.running():
+            return "; wyoming down: the Wyoming server stopped"
+        return f"; wyoming {self._wyoming.address}"
