@@ -79,7 +79,7 @@ def test_config_flow_lists_models_with_their_details_and_pulls_a_listed_one(api:
 def test_a_pull_of_a_model_not_served_fails_as_ollama_does(api: Api) -> None:
     with pytest.raises(ollama.ResponseError) as whole:
         asyncio.run(async_client(api).pull("llama3.2:latest"))  # Home Assistant's call
-    assert whole.value.status_code == 500
+    assert whole.value.status_code == 404  # Ollama says 500: no 5xx for bad input here
     assert whole.value.error == "pull model manifest: file does not exist"
 
     with pytest.raises(ollama.ResponseError) as streamed:

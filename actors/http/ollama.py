@@ -9,7 +9,8 @@ providers. So ``/api/tags`` and ``/api/ps`` list the served names with size 0;
 ``/api/show`` reports ``capabilities``: ``completion`` always, ``tools`` when the
 name reaches an OpenAI-compatible provider first (those take tools; the offline
 provider does not); ``/api/pull`` of a served name succeeds at once, and of any
-other name fails as Ollama's does ("pull model manifest: file does not exist").
+other name fails with Ollama's error ("pull model manifest: file does not
+exist"; a 404 where Ollama says 500).
 
 Tools that speak Ollama's API can then use Reverie as their model, with
 memory: the last user message is one turn on the same path as ``reverie
@@ -224,16 +225,18 @@ def install(app: FastAPI, settings: Settings, backend: Backend) -> None:
             "application/json": {"schema": inline_defs(OllamaModelName.model_json_schema())}}}})
     async def pull(request: Request) -> JSONResponse | StreamingResponse | dict[str, Any]:
         """A served model is already here: ``success`` (streamed as NDJSON unless
-        ``"stream": false``). Any other name fails as Ollama's pull does: 500
-        with ``"pull model manifest: file does not exist"``, or that error in
-        the stream."""
+        ``"stream": false``). Any other name fails with the error Ollama's pull
+        gives, ``"pull model manifest: file does not exist"``, in the stream, or
+        not streamed as a 404 (Ollama says 500; a 5xx here is kept for
+        Reverie's own failures, and Ollama's clients take any error status
+        alike)."""
         body = await _parsed(request, OllamaModelName)
         asked = body.named()
         if not asked:
             return _error(400, "model is required")
         found = served(asked) is not None
         if not body.stream:
-            return {"status": "success"} if found else _error(500, NOT_PULLABLE)
+            return {"status": "success"} if found else _error(404, NOT_PULLABLE)
         last = {"status": "success"} if found else {"error": NOT_PULLABLE}
         lines = [{"status": "pulling manifest"}, last]
         return StreamingResponse((json.dumps(x).encode() + b"\n" for x in lines),
