@@ -472,6 +472,52 @@ class ViewMemory(Message):
 
 # -- the turn path ----------------------------------------------------------
 
+MAX_CLIENT_MESSAGES = 1000
+MAX_CLIENT_TOOLS = 128
+MAX_CLIENT_CHARS = 200_000  # a client's system prompt, one message, one tool call's arguments
+
+
+class ClientToolCall(Message):
+    """A tool call of the client's own tools (OpenAI's shape: ``arguments``
+    is JSON text)."""
+
+    id: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=200)
+    arguments: str = Field(default="", max_length=MAX_CLIENT_CHARS)
+
+
+class ClientMessage(Message):
+    """One message of a client's conversation (the memory layer)."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str = Field(max_length=MAX_CLIENT_CHARS)
+    tool_calls: list[ClientToolCall] = Field(default_factory=list, max_length=MAX_CLIENT_TOOLS)
+    tool_call_id: str | None = Field(default=None, max_length=200)
+
+
+class ClientTool(Message):
+    """A function of the client's that the model may call."""
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str = Field(default="", max_length=MAX_CLIENT_CHARS)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+
+class Conversation(Message):
+    """What a client sent besides its last user message (the memory layer,
+    ``actors.http.layer``): its own system prompt, its history before that
+    message (empty: it sent none, the channel's transcript is the history),
+    what came after it (the model's tool calls and the client's results: the
+    turn continues), its tools and its own request fields for the upstream."""
+
+    system: str = Field(default="", max_length=MAX_CLIENT_CHARS)
+    history: list[ClientMessage] = Field(default_factory=list, max_length=MAX_CLIENT_MESSAGES)
+    continuation: list[ClientMessage] = Field(default_factory=list,
+                                              max_length=MAX_CLIENT_MESSAGES)
+    tools: list[ClientTool] = Field(default_factory=list, max_length=MAX_CLIENT_TOOLS)
+    options: dict[str, Any] = Field(default_factory=dict)
+
+
 class UserTurn(Message):
     channel: str = Field(min_length=1, max_length=200)
     source: str = Field(default="user", min_length=1, max_length=200)
@@ -483,6 +529,8 @@ class UserTurn(Message):
     model: str | None = Field(default=None, min_length=1, max_length=200)
     # Optional caller-chosen id: resending the same turn never writes it twice.
     request_id: str | None = Field(default=None, min_length=1, max_length=80)
+    # The client's conversation (the memory layer); None: the transcript is the history.
+    conversation: Conversation | None = None
 
 
 class TurnDelta(Message):
@@ -499,6 +547,9 @@ class TurnReply(Message):
     provider: str
     recall_degraded: bool = False
     notice: str | None = None
+    # the model called the client's tools (the memory layer): nothing written
+    # yet, the turn continues when the client sends their results
+    tool_calls: list[ClientToolCall] = Field(default_factory=list)
 
 
 # -- supervision ------------------------------------------------------------

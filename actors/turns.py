@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from functools import partial
@@ -61,6 +62,9 @@ from actors.handles import (
 from actors.messages import (
     Activity,
     AppendTurns,
+    ClientMessage,
+    ClientToolCall,
+    Conversation,
     MemoryItem,
     Recall,
     Recalled,
@@ -75,7 +79,14 @@ from actors.remember_turn import TurnRemembering
 from runtime import turn
 from runtime.config import ChannelSettings, Settings
 from runtime.llm.persona import PersonaLoader
-from runtime.llm.providers import AllProvidersFailed, LLMError, make_llm
+from runtime.llm.providers import (
+    AllProvidersFailed,
+    ChatMessage,
+    LLMError,
+    Tool,
+    ToolCall,
+    make_llm,
+)
 from runtime.llm.queue import LLMHealth
 from runtime.memories.portrait import PortraitReader
 from runtime.memories.transcript import ToolCallIn, TurnIn
@@ -88,8 +99,27 @@ log = logging.getLogger(__name__)
 CALL_TIMEOUT_S = 60.0
 NO_ANSWER = turn.NO_ANSWER
 STORED = "stored"  # the provider of a reply answered before (a re-sent turn)
+# client turns waiting for their tool results (the memory layer), kept by request id
+OPEN_TURNS = 256
 
 Prepared = turn.Prepared[MemoryItem]
+
+
+def client_of(conversation: Conversation) -> turn.Client:
+    """A client's conversation as the turn's core takes it."""
+    return turn.Client(
+        system=conversation.system,
+        history=[chat_message(m) for m in conversation.history],
+        continuation=[chat_message(m) for m in conversation.continuation],
+        tools=[Tool(name=t.name, description=t.description, parameters=t.parameters)
+               for t in conversation.tools],
+        options=dict(conversation.options))
+
+
+def chat_message(m: ClientMessage) -> ChatMessage:
+    return ChatMessage(role=m.role, content=m.content, tool_call_id=m.tool_call_id,
+                       tool_calls=[ToolCall(id=c.id, name=c.name, arguments=c.arguments)
+                                   for c in m.tool_calls])
 
 
 class ChannelQueue:
@@ -164,6 +194,10 @@ class TurnsActor:
         # opened on the first one
         self._replies: Store | None = None
         self._replies_lock = threading.Lock()
+        # a client's turn whose model called the client's tools, by request id:
+        # its results continue it with the same memory context (no second recall)
+        self._open: OrderedDict[str, Prepared] = OrderedDict()
+        self._open_lock = threading.Lock()
 
     def _user_turn_in(self, msg: UserTurn) -> TurnIn:
         try:
@@ -210,11 +244,14 @@ class TurnsActor:
             provider = "none"
             pulled: turn.Answer[MemoryItem] | None = None
             try:
-                if prepared.pull:  # whole rounds of tool calls: the answer in one piece
+                # whole rounds of tool calls (a pull channel's, or the client's
+                # tools): the answer in one piece
+                if prepared.pull or prepared.request.tools:
                     pulled = self._answer(prepared, msg.model)
                     provider = pulled.provider
                     pieces.append(pulled.text)
-                    yield TurnDelta(text=pulled.text)
+                    if pulled.text:
+                        yield TurnDelta(text=pulled.text)
                 else:
                     for name, piece in self.llm.stream(prepared.request, prefer=msg.model):
                         provider = name
@@ -252,9 +289,18 @@ class TurnsActor:
                          provider=STORED, notice=self.llm.notice)
 
     def _prepare(self, msg: UserTurn, channel: ChannelSettings, user_turn: TurnIn) -> Prepared:
-        """The turn written, recalled for and its request built (runtime.turn.prepare)."""
-        return turn.prepare(turn.Asked(user_turn, channel, msg.temporary), self.settings,
-                            self.wiring, self.clock, self.zone)
+        """The turn written, recalled for and its request built (runtime.turn.prepare).
+        A client's turn going on with its tool results takes the memory context
+        it was prepared with (runtime.turn.resume): no second recall."""
+        client = None if msg.conversation is None else client_of(msg.conversation)
+        asked = turn.Asked(user_turn, channel, msg.temporary, client)
+        if client is not None and client.continuation:
+            with self._open_lock:
+                opened = self._open.get(user_turn.request_id or "")
+            if opened is not None:
+                return turn.resume(opened, asked)
+            log.info("a client's tool results came for a turn not open here: recalled again")
+        return turn.prepare(asked, self.settings, self.wiring, self.clock, self.zone)
 
     def _answer(self, prepared: Prepared, prefer: str | None) -> turn.Answer[MemoryItem]:
         """The model's answer; on a pull channel, after the recall calls it makes
@@ -264,9 +310,27 @@ class TurnsActor:
     def _finish(self, prepared: Prepared, answer: turn.Answer[MemoryItem]) -> TurnReply:
         """The reply written with its citations (runtime.turn.finish), as the actor's reply."""
         done = turn.finish(prepared, answer, self.wiring)
+        self._keep_open(prepared, bool(done.tool_calls))
         return TurnReply(turn_id=done.turn_id, reply_id=done.reply_id, text=done.text,
                          citations=done.citations, provider=done.provider,
-                         recall_degraded=done.recall_degraded, notice=self.llm.notice)
+                         recall_degraded=done.recall_degraded, notice=self.llm.notice,
+                         tool_calls=[ClientToolCall(id=c.id, name=c.name, arguments=c.arguments)
+                                     for c in done.tool_calls])
+
+    def _keep_open(self, prepared: Prepared, calls: bool) -> None:
+        """A client's turn stays open while the client runs its tools (the
+        oldest forgotten past :data:`OPEN_TURNS`), and is closed once answered."""
+        key = prepared.asked.turn.request_id
+        if prepared.asked.client is None or key is None:
+            return
+        with self._open_lock:
+            if not calls:
+                self._open.pop(key, None)
+                return
+            self._open[key] = prepared
+            self._open.move_to_end(key)
+            while len(self._open) > OPEN_TURNS:
+                self._open.popitem(last=False)
 
     # -- the core's wiring: the other actors ------------------------------------------
 

@@ -40,6 +40,17 @@ The path of a turn (:func:`prepare`, then :func:`answer`, then :func:`finish`;
    ``wiring.append`` (nothing for a temporary turn); the episodes used are
    touched (``wiring.touch``: their decay restarts).
 
+A client's own conversation (:class:`Client`, the memory layer of
+``actors.http.layer``) changes three things: its system prompt opens the
+system message (Reverie's memory added after it), its history is the
+prompt's history (none sent: the transcript, as always), and its tools and
+request fields go with the request (:func:`build_request`). When the model
+calls the client's tools, :func:`finish` writes no reply and returns the calls
+(the caller keeps the turn open); the client's results come back in its
+continuation and :func:`resume` goes on from the same prepared turn (no
+second recall); the reply then written keeps the calls and their results
+(:func:`kept_calls`). A client's turn is answered as on a push channel.
+
 The memories are whatever the caller's recall returns (the actor's
 ``actors.messages.MemoryItem``, ``runtime.recall.hybrid.RecallItem`` in
 process): anything with the fields of :class:`Item`.
@@ -47,17 +58,25 @@ process): anything with the fields of :class:`Item`.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, tzinfo
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from runtime.config import ChannelSettings, Settings
 from runtime.llm.persona import PersonaFile
 from runtime.llm.prompt import build_messages
-from runtime.llm.providers import AllProvidersFailed, ChatMessage, Completion, LLMRequest
+from runtime.llm.providers import (
+    AllProvidersFailed,
+    ChatMessage,
+    Completion,
+    LLMRequest,
+    Tool,
+    ToolCall,
+)
 from runtime.memories import privacy
 from runtime.memories.digests import trajectory_for
 from runtime.memories.facts import FactIn
@@ -65,7 +84,13 @@ from runtime.memories.mood import current_line
 from runtime.memories.portrait import PortraitLine
 from runtime.memories.privacy import Audience
 from runtime.memories.profiles import MemoryProfiles
-from runtime.memories.transcript import MAX_TURN_CHARS, ToolCallIn, TranscriptService, TurnIn
+from runtime.memories.transcript import (
+    MAX_TOOL_RESULT_CHARS,
+    MAX_TURN_CHARS,
+    ToolCallIn,
+    TranscriptService,
+    TurnIn,
+)
 from runtime.memories.user_profile import section_for
 from runtime.mind.remember import acknowledgement, turn_facts
 from runtime.recall.pull import (
@@ -179,13 +204,31 @@ class Wiring(Generic[M]):
 
 
 @dataclass(frozen=True)
+class Client:
+    """A client's own conversation around its last user message (the memory
+    layer, ``actors.http.layer``): its system prompt (kept, Reverie's memory
+    added after it), its history before that message (empty: the channel's
+    transcript is the history), what came after it (the model's calls of the
+    client's tools and their results: the turn continues), its tools and its
+    own request fields (``LLMRequest.options``)."""
+
+    system: str = ""
+    history: list[ChatMessage] = field(default_factory=list)
+    continuation: list[ChatMessage] = field(default_factory=list)
+    tools: list[Tool] = field(default_factory=list)
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Asked:
     """A user's turn as the caller accepted it: ``turn`` as it is written (its
-    request id set), its channel's settings, and whether it is temporary."""
+    request id set), its channel's settings, whether it is temporary, and the
+    client's conversation (None: the transcript is the history, as always)."""
 
     turn: TurnIn
     channel: ChannelSettings
     temporary: bool = False
+    client: Client | None = None
 
     @property
     def text(self) -> str:
@@ -209,6 +252,9 @@ class Prepared(Generic[M]):
     request: LLMRequest
     pull: bool = False  # a pull channel's turn (runtime.recall.pull)
     exclude: list[str] = field(default_factory=list)  # in the prompt already: not recalled
+    # a client's turn: the request before the client's continuation (what
+    # :func:`resume` builds on when its tool results come back)
+    opening: LLMRequest | None = None
 
 
 @dataclass(frozen=True)
@@ -220,6 +266,8 @@ class Answer(Generic[M]):
     provider: str
     pulled: list[M] = field(default_factory=list)
     tool_calls: list[ToolCallIn] = field(default_factory=list)
+    # the model called the client's tools: the turn goes on when their results come
+    client_calls: list[ToolCall] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -242,6 +290,7 @@ class Replied:
     citations: list[str]
     provider: str
     recall_degraded: bool = False
+    tool_calls: list[ToolCall] = field(default_factory=list)  # the client's, to run
 
 
 # -- the steps -----------------------------------------------------------------------
@@ -347,19 +396,60 @@ def as_message(turn: Said) -> ChatMessage:
 def build_request(*, persona: Sequence[PersonaFile], memories: Sequence[M],
                   in_prompt: Sequence[M] | Sequence[Shown], past: Sequence[Said], text: str,
                   now: datetime, portrait: Sequence[PortraitLine], index: str,
-                  context: Sequence[str], remembered: list[str]) -> LLMRequest:
+                  context: Sequence[str], remembered: list[str],
+                  client: Client | None = None) -> LLMRequest:
     """The request to the model: the messages (persona, ``in_prompt`` memories
     or, on a pull channel (``index``), the index and the auto-recall block,
     the portrait, the context, the history, the user's text), what was
     remembered, ``memories`` (what the offline provider may quote, and which
-    of them are sensitive), and the recall tool on a pull channel."""
+    of them are sensitive), and the recall tool on a pull channel. A
+    ``client``'s system prompt opens the system message, its history follows
+    ``past``, its tools and options go with the request (its continuation
+    does not: :func:`resume` adds it)."""
+    history: list[ChatMessage] = [as_message(t) for t in past]
     messages = with_acknowledgement(build_messages(
-        persona, in_prompt, [as_message(t) for t in past], text, now,
-        portrait=portrait, mode="pull" if index else "push", index=index, context=context),
+        persona, in_prompt, [*history, *(client.history if client else [])], text, now,
+        portrait=portrait, mode="pull" if index else "push", index=index, context=context,
+        client_system=client.system if client else ""),
         remembered)
     return LLMRequest(messages=messages, memories=[m.text for m in memories],
                       remembered=remembered, sensitive=[m.sensitive for m in memories],
-                      tools=[RECALL_TOOL] if index else [])
+                      tools=[RECALL_TOOL] if index else list(client.tools if client else []),
+                      options=dict(client.options) if client else {})
+
+
+def resume(prepared: Prepared[M], asked: Asked) -> Prepared[M]:
+    """A client's turn going on with what ``asked`` brings (the model's calls
+    of its tools and their results, its tools and options now): the same
+    memory context as when it was prepared, no second recall."""
+    opening = prepared.opening or prepared.request
+    client = asked.client or Client()
+    request = opening.model_copy(update={
+        "messages": [*opening.messages, *client.continuation],
+        "tools": list(client.tools), "options": dict(client.options)})
+    return replace(prepared, asked=asked, request=request, opening=opening)
+
+
+def kept_calls(continuation: Sequence[ChatMessage]) -> list[ToolCallIn]:
+    """The calls the model made of a client's tools and the results the client
+    sent back, as the transcript's ``tool_calls`` keep them (arguments that
+    are not a JSON object are kept under ``"arguments"`` as their text)."""
+    results = {m.tool_call_id: m.content for m in continuation
+               if m.role == "tool" and m.tool_call_id is not None}
+    kept: list[ToolCallIn] = []
+    for message in continuation:
+        for call in message.tool_calls if message.role == "assistant" else []:
+            try:
+                arguments = json.loads(call.arguments) if call.arguments.strip() else {}
+            except ValueError:
+                arguments = None
+            if not isinstance(arguments, dict):
+                arguments = {"arguments": call.arguments[:MAX_TOOL_RESULT_CHARS]}
+            result = results.get(call.id)
+            kept.append(ToolCallIn(name=call.name[:80], arguments=arguments,
+                                   result=None if result is None
+                                   else result[:MAX_TOOL_RESULT_CHARS]))
+    return kept
 
 
 def prepare(asked: Asked, settings: Settings, wiring: Wiring[M], clock: Clock,
@@ -367,16 +457,21 @@ def prepare(asked: Asked, settings: Settings, wiring: Wiring[M], clock: Clock,
     """Steps 1 to 6 of the module docstring: the turn written, recalled for and
     its request to the model built."""
     seeding = asked.seeding
+    client = asked.client
     turn_id: int | None = None
     if not asked.temporary:
         # recall is told of this turn after the turn-zero recall below (which so
         # does not wait behind the embedding of the very turn it answers)
         turn_id = wiring.append(asked.turn, index_now=not seeding)
-    stored = wiring.remember(asked.turn, turn_id)
+    # a client's turn going on (its tool results) asked it already
+    stored = [] if client and client.continuation else wiring.remember(asked.turn, turn_id)
 
-    history = wiring.recent(asked.turn.channel, settings.runtime.history_turns + 1)
     who = audience(settings, asked)
-    past = history_for_prompt(history, turn_id, who, settings.runtime.history_turns)
+    history: Sequence[Said] = []
+    past: list[Said] = []
+    if client is None or not client.history:  # the transcript is the history
+        history = wiring.recent(asked.turn.channel, settings.runtime.history_turns + 1)
+        past = history_for_prompt(history, turn_id, who, settings.runtime.history_turns)
 
     memories: list[M] = []
     degraded = False
@@ -390,16 +485,18 @@ def prepare(asked: Asked, settings: Settings, wiring: Wiring[M], clock: Clock,
 
     in_prompt: list[M] | list[Shown] = memories
     index = ""
-    if seeding and asked.channel.injection == "pull":  # index, tool and auto-recall
+    if seeding and asked.channel.injection == "pull" and client is None:  # index, tool, auto
         memories, in_prompt = auto_recall(memories)
         index = memory_index(wiring.read, wiring.portrait())
     request = build_request(
         persona=wiring.persona(), memories=memories, in_prompt=in_prompt, past=past,
         text=asked.text, now=local_datetime(clock, zone),
         portrait=portrait_for(asked.channel, wiring.portrait), index=index,
-        context=context_for(wiring.read, asked, who, clock.now()), remembered=stored)
-    return Prepared(asked, turn_id, who, memories, degraded, request, pull=bool(index),
-                    exclude=shown_refs(history) if index else [])
+        context=context_for(wiring.read, asked, who, clock.now()), remembered=stored,
+        client=client)
+    prepared = Prepared(asked, turn_id, who, memories, degraded, request, pull=bool(index),
+                        exclude=shown_refs(history) if index else [])
+    return prepared if client is None else resume(prepared, asked)
 
 
 def pull_rounds(prepared: Prepared[M], complete: Callable[[LLMRequest], Completion],
@@ -421,7 +518,8 @@ def answer(prepared: Prepared[M], complete: Callable[[LLMRequest], Completion],
     try:
         if not prepared.pull:
             completion = complete(prepared.request)
-            return Answer(completion.text, completion.provider)
+            calls = completion.tool_calls if prepared.opening and prepared.request.tools else []
+            return Answer(completion.text, completion.provider, client_calls=list(calls))
         outcome = pull_rounds(prepared, complete, recall)
     except AllProvidersFailed as exc:
         log.error("no language model answered: %s", exc)
@@ -452,7 +550,9 @@ def reply_to_write(prepared: Prepared[M], answered: Answer[M]) -> Write | None:
                    content=(answered.text or "…")[:MAX_TURN_CHARS],
                    request_id=f"reply-{asked.request_id}",
                    sensitive=any(m.sensitive for m in memories))
-    return Write(reply, citations(memories), list(answered.tool_calls))
+    client = prepared.asked.client
+    return Write(reply, citations(memories), [
+        *answered.tool_calls, *(kept_calls(client.continuation) if client else [])])
 
 
 def episodes_used(memories: Sequence[Item]) -> list[int]:
@@ -464,6 +564,11 @@ def finish(prepared: Prepared[M], answered: Answer[M], wiring: Wiring[M]) -> Rep
     """Step 8: the reply written with its citations and tool calls (one append),
     the episodes used touched; nothing written for a temporary turn."""
     memories = used(prepared, answered)
+    if answered.client_calls:  # the client runs its tools; the reply comes after
+        return Replied(turn_id=prepared.turn_id, reply_id=None, text=answered.text,
+                       citations=citations(memories), provider=answered.provider,
+                       recall_degraded=prepared.degraded,
+                       tool_calls=list(answered.client_calls))
     reply_id: int | None = None
     write = reply_to_write(prepared, answered)
     if write is not None:

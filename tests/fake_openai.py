@@ -40,6 +40,14 @@ first, and is answered with those ``tool_calls`` (``content`` null,
 followed by the contents of the tool messages since the last assistant
 message (so a test sees the model use what its tool returned).
 
+Tools asked for in words: with :attr:`FakeOpenAI.auto_tools` on, a request
+whose last message is the user's and that offers a tool whose name, in words,
+the message says (``HassTurnOn``: "turn on", ``HassLightSet``: "light set";
+a leading ``Hass`` is not said) is answered with one call of it, its
+``arguments`` ``{"name": <the words after it, a leading "the" left out>}``:
+"turn on the kitchen light" calls ``HassTurnOn`` with ``{"name": "kitchen
+light"}``. Scripted rounds (:attr:`FakeOpenAI.tool_calls`) go first.
+
 A request with ``"stream": true`` is answered as OpenAI streams: server-sent
 events, one ``chat.completion.chunk`` per word of the content, then ``data:
 [DONE]``. To see that a stream really flows, :meth:`FakeOpenAI.hold_stream` a
@@ -50,6 +58,7 @@ then waits until :meth:`FakeOpenAI.release` of the same marker.
 from __future__ import annotations
 
 import json
+import re
 import ssl
 import threading
 import time
@@ -230,6 +239,23 @@ def _quote_tools(body: dict[str, Any]) -> str:
     return "tool said: " + " | ".join(said)
 
 
+def _said_tool_call(body: Any) -> list[tuple[str, str]] | None:
+    """The one call of an offered tool whose name, in words, the last message
+    (the user's) says; None when there is none."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list) or not messages or not isinstance(messages[-1], dict) \
+            or messages[-1].get("role") != "user":
+        return None
+    said = " ".join(str(messages[-1].get("content", "")).lower().split())
+    for tool in body.get("tools") or []:
+        name = str((tool.get("function") or {}).get("name", "")) if isinstance(tool, dict) else ""
+        words = " ".join(re.findall(r"[A-Z][a-z]*|[a-z]+", name.removeprefix("Hass"))).lower()
+        if words and words in said:
+            rest = said.split(words, 1)[1].strip(" .!?").removeprefix("the ").strip()
+            return [(name, json.dumps({"name": rest}))]
+    return None
+
+
 def _tool_completion(body: Any, calls: list[tuple[str, str]]) -> dict[str, Any]:
     done = _completion(body, None)
     done["choices"][0]["finish_reason"] = "tool_calls"
@@ -273,6 +299,7 @@ class FakeOpenAI:
         self.replies: list[str] = []  # scripted contents, taken oldest first in Mode.OK
         # scripted tool-call rounds, (name, arguments JSON) each, for requests offering tools
         self.tool_calls: list[list[tuple[str, str]]] = []
+        self.auto_tools = False  # call an offered tool the user's message names in words
         self._gates: dict[str, _Gate] = {}
         self._stream_gates: dict[str, _Gate] = {}
         self._dropped: set[str] = set()
@@ -395,7 +422,10 @@ class FakeOpenAI:
                 body.get("tool_choice") == "none":
             return None
         with self._lock:
-            return self.tool_calls.pop(0) if self.tool_calls else None
+            if self.tool_calls:
+                return self.tool_calls.pop(0)
+            auto = self.auto_tools
+        return _said_tool_call(body) if auto else None
 
     def _next_reply(self) -> str | None:
         with self._lock:

@@ -101,6 +101,25 @@ SAMPLES: list[m.Message] = [
     m.UserTurn(channel="chat", text="hello", temporary=True, request_id="abc"),
     m.UserTurn(channel="voice", text="hello", speaker="ana", model="tiny"),
     m.TurnReply(turn_id=1, reply_id=2, text="hi", citations=["turn:1"], provider="offline"),
+    # the memory layer: a client's conversation, and the calls of its tools
+    m.UserTurn(channel="voice", text="turn on the light", request_id="layer-1",
+               conversation=m.Conversation(
+                   system="You are a voice assistant.",
+                   history=[m.ClientMessage(role="user", content="hi")],
+                   continuation=[
+                       m.ClientMessage(role="assistant", content="", tool_calls=[
+                           m.ClientToolCall(id="call_0", name="HassTurnOn",
+                                            arguments='{"name": "light"}')]),
+                       m.ClientMessage(role="tool", content="done", tool_call_id="call_0")],
+                   tools=[m.ClientTool(name="HassTurnOn", description="Turns on",
+                                       parameters={"type": "object"})],
+                   options={"temperature": 0.2})),
+    m.TurnReply(turn_id=1, reply_id=None, text="", citations=[], provider="local",
+                tool_calls=[m.ClientToolCall(id="call_0", name="HassTurnOn", arguments="{}")]),
+    m.ClientMessage(role="user", content="hi"),
+    m.ClientToolCall(id="call_1", name="HassLightSet"),
+    m.ClientTool(name="HassLightSet"),
+    m.Conversation(),
     m.StatusRequest(),
     m.Status(namespace="reverie", actors={"turns": "ok"}, counts={"transcript": 1}),
     m.TouchEpisodes(ids=[3, 4], at=9.5),

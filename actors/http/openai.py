@@ -4,8 +4,18 @@
 The last user message is one turn on the same path as ``reverie chat``
 (turn-zero recall, the configured language model, transcript writes), of the
 channel named by the ``X-Reverie-Channel`` header (default ``chat``), spoken by
-the ``X-Reverie-Speaker`` header or else the ``user`` field. Earlier messages
-are not re-sent upstream: the channel's own transcript is the history.
+the ``X-Reverie-Speaker`` header or else the ``user`` field, through the memory
+layer (``actors.http.layer``, which says what it does): the client's own system
+prompt is kept and Reverie's memory added to it; the client's earlier messages
+are the history (none sent: the channel's transcript); ``tools`` go upstream and
+the model's ``tool_calls`` come back in OpenAI's shape (``finish_reason``
+``"tool_calls"``; streamed as ``delta.tool_calls``); the client's ``role: tool``
+results continue the same turn (no second recall, nothing stored as a user
+turn); ``response_format``, ``temperature`` and the other fields of
+``layer.UPSTREAM_FIELDS`` go to the upstream that takes them. Each request
+writes only what is new: the same conversation sent again is answered with the
+stored reply. A channel with ``passthrough = false`` keeps the older way: only
+the last user message, the transcript as the history, the rest ignored.
 
 ``model`` names an upstream model, a provider, an alias of ``[http.models]``
 (alias → upstream model), or ``reverie`` (the configured order). The named
@@ -16,7 +26,9 @@ the model was given], "provider", "turn_id", "reply_id", "notice"}``; streamed,
 it comes in the last chunk (the one with ``finish_reason``).
 
 Streamed (``"stream": true``), the reply goes out as server-sent events, each
-piece as soon as the upstream sends it, then ``data: [DONE]``. Errors found
+piece as soon as the upstream sends it, then ``data: [DONE]``. With ``tools``
+the upstream is asked for the whole answer (its tool calls are read whole),
+which then goes out as the same events. Errors found
 before the first piece (unknown channel, bad input) are plain HTTP errors; the
 stored reply is written even when the client leaves half-way.
 """
@@ -28,14 +40,15 @@ import logging
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Header
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from actors.http.backend import Backend
-from actors.messages import TurnDelta, TurnReply, UserTurn
+from actors.http.layer import LayerError, arguments_text, client_turn
+from actors.messages import ClientMessage, ClientTool, ClientToolCall, TurnDelta, TurnReply
 from runtime.config import Settings
 
 log = logging.getLogger(__name__)
@@ -44,6 +57,8 @@ log = logging.getLogger(__name__)
 class ChatMessage(BaseModel):
     role: str = Field(max_length=40)
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = Field(default=None, max_length=128)
+    tool_call_id: str | None = Field(default=None, max_length=200)
 
 
 class ChatRequest(BaseModel):
@@ -55,6 +70,53 @@ class ChatRequest(BaseModel):
     messages: list[ChatMessage] = Field(min_length=1, max_length=1000)
     stream: bool = False
     user: str | None = Field(default=None, max_length=200)
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
+
+
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "user",
+                          "assistant": "assistant", "tool": "tool"}
+
+
+def client_messages(messages: list[ChatMessage]) -> list[ClientMessage]:
+    """OpenAI's messages as the layer takes them; a role it does not know (the
+    old ``function``) is left out. :class:`LayerError` for a malformed tool call."""
+    out: list[ClientMessage] = []
+    for i, m in enumerate(messages):
+        role = ROLES.get(m.role)
+        if role is None:
+            log.info("memory layer: a %r message left out", m.role[:40])
+            continue
+        calls = [tool_call(c, f"messages[{i}].tool_calls[{j}]")
+                 for j, c in enumerate(m.tool_calls or [])] if role == "assistant" else []
+        out.append(ClientMessage(role=role, content=text_of(m.content), tool_calls=calls,
+                                 tool_call_id=m.tool_call_id if role == "tool" else None))
+    return out
+
+
+def tool_call(call: dict[str, Any], where: str) -> ClientToolCall:
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
+            or not isinstance(call.get("id"), str):
+        raise LayerError(f"{where}: needs an id and a function with a name")
+    return ClientToolCall(id=call["id"], name=function["name"],
+                          arguments=arguments_text(function.get("arguments")))
+
+
+def client_tools(tools: list[dict[str, Any]] | None) -> list[ClientTool]:
+    """OpenAI's function tools as the layer takes them."""
+    out: list[ClientTool] = []
+    for i, tool in enumerate(tools or []):
+        function = tool.get("function")
+        if tool.get("type") != "function" or not isinstance(function, dict) \
+                or not isinstance(function.get("name"), str):
+            raise LayerError(f"tools[{i}]: only function tools, each with a name")
+        description = function.get("description")
+        parameters = function.get("parameters")
+        out.append(ClientTool(
+            name=function["name"], description=description if isinstance(description, str)
+            else "", parameters=parameters if isinstance(parameters, dict) else {}))
+    return out
 
 
 def text_of(content: str | list[dict[str, Any]] | None) -> str:
@@ -125,20 +187,26 @@ def install(app: FastAPI, settings: Settings, backend: Backend) -> None:
         except KeyError:
             return error(404, f"model {body.model!r} is not served here; see /v1/models",
                          "model_not_found")
-        users = [m for m in body.messages if m.role == "user"]
-        text = text_of(users[-1].content) if users else ""
-        if not text.strip():
-            return error(400, "messages: no user message with text", "invalid_request_error")
-        turn = UserTurn(channel=x_reverie_channel, text=text, model=upstream,
-                        speaker=x_reverie_speaker or body.user)
+        try:
+            turn = client_turn(settings, channel=x_reverie_channel,
+                               speaker=x_reverie_speaker or body.user, model=upstream,
+                               messages=client_messages(body.messages),
+                               tools=client_tools(body.tools), fields=body.model_extra)
+        except (LayerError, ValidationError) as exc:
+            why = str(exc) if isinstance(exc, LayerError) else "messages: invalid"
+            return error(400, why, "invalid_request_error")
         created = int(time.time())
         if not body.stream:
             reply = backend.turn(turn)
+            message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+            if reply.tool_calls:
+                message["content"] = reply.text or None
+                message["tool_calls"] = wire_calls(reply.tool_calls)
             return {
                 "id": _completion_id(reply), "object": "chat.completion", "created": created,
                 "model": body.model,
-                "choices": [{"index": 0, "finish_reason": "stop", "logprobs": None,
-                             "message": {"role": "assistant", "content": reply.text}}],
+                "choices": [{"index": 0, "finish_reason": finish_reason(reply),
+                             "logprobs": None, "message": message}],
                 "reverie": extension(reply),
             }
         first, rest = first_and_rest(backend.turn_stream(turn))
@@ -146,6 +214,16 @@ def install(app: FastAPI, settings: Settings, backend: Backend) -> None:
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache",
                                           "X-Accel-Buffering": "no"})
+
+
+def wire_calls(calls: list[ClientToolCall]) -> list[dict[str, Any]]:
+    """The model's calls of the client's tools, in OpenAI's shape."""
+    return [{"id": c.id, "type": "function",
+             "function": {"name": c.name, "arguments": c.arguments}} for c in calls]
+
+
+def finish_reason(reply: TurnReply) -> str:
+    return "tool_calls" if reply.tool_calls else "stop"
 
 
 def _completion_id(reply: TurnReply | None) -> str:
@@ -172,7 +250,9 @@ def _events(first: TurnDelta | TurnReply, rest: Iterator[TurnDelta | TurnReply],
     item = first
     while True:
         if isinstance(item, TurnReply):
-            yield chunk({}, "stop", reverie=extension(item))
+            for i, call in enumerate(wire_calls(item.tool_calls)):
+                yield chunk({"tool_calls": [{"index": i, **call}]})
+            yield chunk({}, finish_reason(item), reverie=extension(item))
             break
         if item.text:
             yield chunk({"content": item.text})

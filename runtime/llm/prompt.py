@@ -1,8 +1,10 @@
 """The model's messages for one turn: persona, clock, memories, history, user.
 
-One system message, then the conversation history, then the user's text. The
-system message is made of sections separated by a ``---`` line (blank lines
-around it, so the line before can never read as a Markdown setext heading):
+One system message, then the conversation history, then the user's text. A
+client's own system prompt (``client_system``), when there is one, opens the
+system message unchanged; the rest of it is Reverie's, made of sections
+separated by a ``---`` line (blank lines around it, so the line before can
+never read as a Markdown setext heading):
 
     ## AGENTS.md
     <text>
@@ -120,20 +122,31 @@ def build_messages(persona: Sequence[PersonaFile], memories: Sequence[MemoryLine
                    history: Sequence[MessageLike], user_text: str, now: datetime,
                    mode: Mode = "push",
                    portrait: Sequence[PortraitLineLike] = (),
-                   index: str = "", context: Sequence[str] = ()) -> list[ChatMessage]:
+                   index: str = "", context: Sequence[str] = (),
+                   client_system: str = "") -> list[ChatMessage]:
     """The messages for one turn: system, then ``history``, then the user's text.
 
+    ``client_system``: a client's own system prompt (the memory layer:
+    ``actors.http.layer``), kept as it is at the start of the system message,
+    Reverie's sections added after it (a ``---`` line between). A history
+    message that is a :class:`ChatMessage` already (a client's, with its tool
+    calls and ``tool`` results) is passed as it is.
+
     Raises ValueError for an unknown mode, a history role other than
-    system/user/assistant, or a blank ``user_text``.
+    system/user/assistant (in a message that is not a :class:`ChatMessage`),
+    or a blank ``user_text``.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of push, index, off, pull; got {mode!r}")
     if not user_text.strip():
         raise ValueError("user_text is empty")
+    own = system_prompt(persona, memories, now, mode, portrait, index, context)
     messages = [ChatMessage(role="system",
-                            content=system_prompt(persona, memories, now, mode, portrait,
-                                                  index, context))]
+                            content=client_system + SEPARATOR + own if client_system else own)]
     for i, m in enumerate(history):
+        if isinstance(m, ChatMessage):
+            messages.append(m.model_copy())
+            continue
         role = _ROLES.get(m.role)
         if role is None:
             raise ValueError(f"history[{i}].role must be system, user or assistant; "

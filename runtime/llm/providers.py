@@ -27,6 +27,10 @@ status, malformed response, refused or dropped connection).
   come back in :attr:`Completion.tool_calls`; streams are text only (a pull
   turn's tool rounds are not streamed: ``runtime.recall.pull``). The offline provider
   has no tools: it answers from the request's memories as always.
+* A client's own fields (the memory layer: ``actors.http.layer``) come in
+  :attr:`LLMRequest.options` and go into the body as they are (never over
+  ``model``, ``messages``, ``stream`` or ``tools``); the offline provider
+  drops them with a log line naming them.
 
 :func:`make_llm` builds the chain from :class:`~runtime.config.LLMSettings`.
 """
@@ -135,6 +139,10 @@ class LLMRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     tools: list[Tool] = Field(default_factory=list)
     tool_choice: Literal["auto", "none"] = "auto"
+    # a client's own request fields (response_format, temperature, tool_choice, ...)
+    # sent as they came by a provider that takes them (the OpenAI-compatible one);
+    # the offline provider drops them, saying which (never their values)
+    options: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _one_flag_per_memory(self) -> LLMRequest:
@@ -245,6 +253,10 @@ def _error_ids(body: bytes) -> str:
     return ", ".join(ids)
 
 
+# What a request's ``options`` never replace: the provider's own fields.
+_OWN_FIELDS = frozenset({"model", "messages", "stream", "tools", "stream_options"})
+
+
 class OpenAICompatibleProvider:
     """An OpenAI-compatible chat-completions endpoint.
 
@@ -310,6 +322,9 @@ class OpenAICompatibleProvider:
                                            "parameters": t.parameters}}
                              for t in request.tools]
             body["tool_choice"] = request.tool_choice
+        for name, value in request.options.items():  # a client's fields (the memory layer)
+            if name not in _OWN_FIELDS and (name != "tool_choice" or "tools" in body):
+                body[name] = value
         headers = {"Content-Type": "application/json",
                    "Accept": "text/event-stream" if stream else "application/json"}
         if key:
@@ -548,6 +563,9 @@ class OfflineProvider:
     MAX_MEMORIES = 2
 
     def complete(self, request: LLMRequest) -> Completion:
+        if request.options or request.tools:  # names only, never a value
+            log.info("offline provider: dropped what it cannot use: %s",
+                     ", ".join(sorted(request.options) + (["tools"] if request.tools else [])))
         picked: list[str] = []
         for i, memory in enumerate(request.memories):
             text = _one_line(memory, _MEMORY_CHARS)

@@ -1,0 +1,300 @@
+"""The memory layer on ``POST /v1/chat/completions``, driven with the official
+``openai`` client against a running runtime, with requests shaped as Home
+Assistant's conversation agents send them (``homeassistant/helpers/llm.py``'s
+prompt: the time, the instructions, the exposed devices and their states;
+HassTurnOn/HassLightSet tools whose arguments and results it sends as JSON
+text).
+
+Upstream is the fake OpenAI-compatible server (tests/fake_openai.py), which
+records what it gets and, with ``auto_tools``, calls an offered tool the
+user's words name ("turn on the kitchen light": HassTurnOn)."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from fake_openai import FakeOpenAI, Mode
+from http_runtime import Api, http_runtime
+
+from actors.handles import TranscriptClient
+from actors.messages import RecentTurns
+
+NS = "test-voice-layer"
+
+HA_PROMPT = (
+    "Current time is 21:14:07. Today's date is 2026-12-01.\n"
+    "You are a voice assistant for Home Assistant.\n"
+    "Answer questions about the world truthfully.\n"
+    "Answer in plain text. Keep it simple and to the point.\n"
+    "When controlling Home Assistant always call the intent tools. Use HassTurnOn to "
+    "lock and HassTurnOff to unlock a lock. When controlling a device, prefer passing "
+    "just name and domain. When controlling an area, prefer passing just area name "
+    "and domain.\n"
+    "Static Context: An overview of the areas and the devices in this smart home:\n"
+    "- names: Kitchen Light\n  domain: light\n  state: 'off'\n  areas: Kitchen\n"
+    "- names: Porch Light\n  domain: light\n  state: 'on'\n  areas: Outside\n")
+
+HA_TOOLS: list[dict[str, Any]] = [
+    {"type": "function", "function": {
+        "name": "HassTurnOn",
+        "description": "Turns on/opens/presses a device or entity. For locks, this "
+                       "performs a 'lock' action.",
+        "parameters": {"type": "object", "properties": {
+            "name": {"type": "string"}, "area": {"type": "string"},
+            "floor": {"type": "string"},
+            "domain": {"type": "array", "items": {"type": "string",
+                                                  "enum": ["light", "switch", "fan"]}}},
+            "required": []}}},
+    {"type": "function", "function": {
+        "name": "HassLightSet",
+        "description": "Sets the brightness percentage or color of a light",
+        "parameters": {"type": "object", "properties": {
+            "name": {"type": "string"}, "area": {"type": "string"},
+            "brightness": {"type": "integer", "minimum": 0, "maximum": 100}},
+            "required": []}}},
+]
+
+HA_RESULT = json.dumps({"speech": {}, "response_type": "action_done",
+                        "data": {"targets": [], "failed": [],
+                                 "success": [{"name": "Kitchen Light", "type": "entity",
+                                              "id": "light.kitchen"}]}})
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FakeOpenAI]:
+    with FakeOpenAI() as fake:
+        fake.auto_tools = True
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def api(ray_instance: str, upstream: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory,
+        model_cache: Path) -> Iterator[Api]:
+    channels = {"chat": {}, "voice": {"spoken": True}, "cli": {},
+                "dmn": {"seed": False, "background": True},
+                "ha": {}, "plain": {"passthrough": False}}
+    with http_runtime(NS, tmp_path_factory.mktemp("layer-data"), model_cache,
+                      llm={"providers": [{"name": "local", "base_url": upstream.base_url,
+                                          "model": "tiny", "timeout_s": 30}]},
+                      http={"models": {"memory-only": "offline"}},
+                      channels=channels) as started:
+        yield started
+
+
+@pytest.fixture(autouse=True)
+def _ok(upstream: FakeOpenAI) -> None:
+    upstream.mode = Mode.OK
+
+
+@pytest.fixture
+def client(api: Api) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{api.base}/v1", api_key=api.token, max_retries=0)
+
+
+def on(channel: str) -> dict[str, str]:
+    return {"X-Reverie-Channel": channel}
+
+
+def remember(api: Api, text: str) -> None:
+    r = httpx.post(f"{api.base}/v1/memories", json={"text": text},
+                   headers={"Authorization": f"Bearer {api.token}"}, timeout=60)
+    assert r.status_code == 201, r.text
+
+
+def turns(channel: str) -> list[Any]:
+    transcript = TranscriptClient(NS)
+    transcript.flush()
+    return transcript.recent(RecentTurns(channel=channel, limit=200)).turns
+
+
+def tool_calls_of(api: Api, turn_id: int) -> list[tuple[str, Any, str | None]]:
+    TranscriptClient(NS).flush()
+    path = api.settings.store.resolved_dir / api.settings.store.file
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT name, arguments, result FROM tool_calls "
+                          "WHERE transcript_id = ? ORDER BY id", (turn_id,)).fetchall()
+    return [(name, json.loads(arguments), result) for name, arguments, result in rows]
+
+
+def requests_since(upstream: FakeOpenAI, count: int) -> list[dict[str, Any]]:
+    return [r.body for r in upstream.requests[count:]]
+
+
+def test_the_prompt_and_tools_arrive_upstream_unchanged_with_memory_added(
+        api: Api, client: openai.OpenAI, upstream: FakeOpenAI) -> None:
+    remember(api, "The porch light must stay on at night because of the cat.")
+    before = len(upstream.requests)
+    completion = client.chat.completions.create(
+        model="reverie", temperature=0.3, top_p=0.9, tools=HA_TOOLS,  # type: ignore[arg-type]
+        messages=[{"role": "system", "content": HA_PROMPT},
+                  {"role": "user", "content": "Why is the porch light on at night?"}],
+        extra_headers=on("ha"))
+    assert completion.choices[0].finish_reason == "stop"
+    [sent] = requests_since(upstream, before)
+    system = sent["messages"][0]
+    assert system["role"] == "system"
+    assert system["content"].startswith(HA_PROMPT)  # the client's own prompt, unchanged
+    memory = system["content"][len(HA_PROMPT):]
+    assert "# Memory" in memory and "because of the cat" in memory  # Reverie's, added
+    assert sent["messages"][-1] == {"role": "user",
+                                    "content": "Why is the porch light on at night?"}
+    assert sent["tools"] == HA_TOOLS  # the client's tools, as sent
+    assert sent["temperature"] == 0.3 and sent["top_p"] == 0.9
+
+
+def test_a_remembered_fact_shapes_the_reply(api: Api, client: openai.OpenAI) -> None:
+    remember(api, "The garage door code is 2468.")
+    completion = client.chat.completions.create(
+        model="memory-only", tools=HA_TOOLS,  # type: ignore[arg-type]
+        response_format={"type": "text"},  # the offline provider drops it (and the tools)
+        messages=[{"role": "system", "content": HA_PROMPT},
+                  {"role": "user", "content": "What is the garage door code?"}],
+        extra_headers=on("ha"))
+    assert "2468" in (completion.choices[0].message.content or "")
+
+
+def test_a_tool_call_goes_back_and_its_result_continues_the_turn(
+        api: Api, client: openai.OpenAI, upstream: FakeOpenAI) -> None:
+    asked = f"Turn on the kitchen light, {uuid.uuid4().hex[:6]} please."
+    conversation: list[Any] = [{"role": "system", "content": HA_PROMPT},
+                               {"role": "user", "content": asked}]
+    before = len(upstream.requests)
+    first = client.chat.completions.create(model="reverie", tools=HA_TOOLS,  # type: ignore[arg-type]
+                                           messages=conversation, extra_headers=on("ha"))
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    [call] = choice.message.tool_calls or []
+    assert call.type == "function" and call.function.name == "HassTurnOn"
+    assert json.loads(call.function.arguments)["name"].startswith("kitchen light")
+
+    # memory changes while Home Assistant runs the tool: a second recall would show it
+    remember(api, "The kitchen light was installed by Marta last spring.")
+    conversation += [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": call.id, "type": "function",
+             "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
+        {"role": "tool", "tool_call_id": call.id, "content": HA_RESULT}]
+    second = client.chat.completions.create(model="reverie", tools=HA_TOOLS,  # type: ignore[arg-type]
+                                            messages=conversation, extra_headers=on("ha"))
+    assert second.choices[0].finish_reason == "stop"
+    assert second.choices[0].message.content == f"tool said: {HA_RESULT}"
+
+    opening, going_on = requests_since(upstream, before)
+    # the same memory context, not recalled again
+    assert going_on["messages"][0] == opening["messages"][0]
+    assert "Marta" not in going_on["messages"][0]["content"]
+    assert going_on["messages"][-2]["tool_calls"][0]["function"]["name"] == "HassTurnOn"
+    assert going_on["messages"][-1] == {"role": "tool", "tool_call_id": call.id,
+                                        "content": HA_RESULT}
+
+    rows = turns("ha")
+    assert [r.content for r in rows].count(asked) == 1  # the user's turn, once
+    assert not any(r.role == "user" and HA_RESULT in r.content for r in rows)  # nor a result
+    [reply] = [r for r in rows if r.role == "assistant" and r.content == f"tool said: {HA_RESULT}"]
+    extension = (second.model_extra or {})["reverie"]
+    assert extension["reply_id"] == reply.id
+    assert tool_calls_of(api, reply.id) == [
+        ("HassTurnOn", json.loads(call.function.arguments), HA_RESULT)]
+
+
+def test_streamed_tool_calls_come_as_openai_deltas(client: openai.OpenAI) -> None:
+    asked = f"Turn on the porch light {uuid.uuid4().hex[:6]}"
+    conversation: list[Any] = [{"role": "system", "content": HA_PROMPT},
+                               {"role": "user", "content": asked}]
+    chunks = list(client.chat.completions.create(
+        model="reverie", stream=True, tools=HA_TOOLS,  # type: ignore[arg-type]
+        messages=conversation, extra_headers=on("ha")))
+    deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
+    [delta] = deltas
+    assert delta.index == 0 and delta.id and delta.function and delta.function.arguments
+    assert delta.function.name == "HassTurnOn"
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    conversation += [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": delta.id, "type": "function",
+             "function": {"name": "HassTurnOn", "arguments": delta.function.arguments}}]},
+        {"role": "tool", "tool_call_id": delta.id, "content": HA_RESULT}]
+    rest = list(client.chat.completions.create(
+        model="reverie", stream=True, tools=HA_TOOLS,  # type: ignore[arg-type]
+        messages=conversation, extra_headers=on("ha")))
+    text = "".join(c.choices[0].delta.content or "" for c in rest if c.choices)
+    assert text == f"tool said: {HA_RESULT}"
+    assert rest[-1].choices[0].finish_reason == "stop"
+
+
+def test_the_clients_history_is_the_context_and_is_never_written_twice(
+        client: openai.OpenAI, upstream: FakeOpenAI) -> None:
+    tag = uuid.uuid4().hex[:6]
+    channel = "chat"
+    opening = f"Hello from the hallway {tag}."
+    first = client.chat.completions.create(
+        model="reverie", extra_headers=on(channel),
+        messages=[{"role": "system", "content": HA_PROMPT},
+                  {"role": "user", "content": opening}])
+    answer = first.choices[0].message.content or ""
+    conversation: list[Any] = [{"role": "system", "content": HA_PROMPT},
+                               {"role": "user", "content": opening},
+                               {"role": "assistant", "content": answer},
+                               {"role": "user", "content": f"And the stairs {tag}?"}]
+    before = len(upstream.requests)
+    second = client.chat.completions.create(model="reverie", messages=conversation,
+                                            extra_headers=on(channel))
+    [sent] = requests_since(upstream, before)
+    assert sent["messages"][1:] == conversation[1:]  # the client's history, as it sent it
+    # the same conversation again: the stored reply, the model not asked, nothing written
+    again = client.chat.completions.create(model="reverie", messages=conversation,
+                                           extra_headers=on(channel))
+    assert len(upstream.requests) == before + 1
+    assert again.choices[0].message.content == second.choices[0].message.content
+    assert (again.model_extra or {})["reverie"]["reply_id"] == \
+        (second.model_extra or {})["reverie"]["reply_id"]
+    said = [r.content for r in turns(channel) if tag in r.content]
+    assert said == [opening, answer, f"And the stairs {tag}?",
+                    second.choices[0].message.content]
+
+    # no history sent: the channel's transcript is the history
+    fresh = client.chat.completions.create(
+        model="reverie", extra_headers=on(channel),
+        messages=[{"role": "system", "content": HA_PROMPT},
+                  {"role": "user", "content": f"Anything else {tag}?"}])
+    assert fresh.choices[0].message.content
+    contents = [m["content"] for m in upstream.last.body["messages"]]
+    assert f"And the stairs {tag}?" in contents and opening in contents
+
+
+def test_a_passthrough_false_channel_behaves_as_before(client: openai.OpenAI,
+                                                       upstream: FakeOpenAI) -> None:
+    tag = uuid.uuid4().hex[:6]
+    conversation: list[Any] = [
+        {"role": "system", "content": f"Answer only in French {tag}."},
+        {"role": "user", "content": f"Earlier words {tag}."},
+        {"role": "assistant", "content": "Earlier answer."},
+        {"role": "user", "content": f"Turn on the kitchen light {tag}"}]
+    for _ in range(2):
+        completion = client.chat.completions.create(
+            model="reverie", tools=HA_TOOLS, messages=conversation,  # type: ignore[arg-type]
+            extra_headers=on("plain"))
+        assert completion.choices[0].finish_reason == "stop"
+        assert not completion.choices[0].message.tool_calls
+        sent = upstream.last.body
+        assert "tools" not in sent
+        assert tag not in sent["messages"][0]["content"]  # the client's prompt ignored
+        assert f"Earlier words {tag}." not in [m["content"] for m in sent["messages"]]
+    # no request id of its own: each request is a turn, as before
+    assert [r.content for r in turns("plain")].count(f"Turn on the kitchen light {tag}") == 2
+
+
+def test_a_tool_that_is_not_a_function_is_a_clear_400(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model="reverie", tools=[{"type": "code_interpreter"}],  # type: ignore[list-item]
+            messages=[{"role": "user", "content": "Hi"}], extra_headers=on("ha"))
+    assert "tools[0]" in str(caught.value)
