@@ -131,7 +131,10 @@ def test_without_the_token_401(api: Api, auth: str) -> None:
     headers = {"Authorization": auth.format(token=api.token)} if auth else {}
     status, response_headers, body = post(api, "/mcp", INITIALIZE, headers)
     assert status == 401, body
-    assert response_headers["www-authenticate"] == "Bearer"
+    # RFC 9728: the 401 names the protected-resource metadata (OAuth, actors.http.oauth)
+    assert response_headers["www-authenticate"].startswith("Bearer ")
+    assert (f'resource_metadata="{api.base}/.well-known/oauth-protected-resource/mcp"'
+            in response_headers["www-authenticate"])
     assert "serverInfo" not in body
 
 

@@ -28,7 +28,7 @@ import hmac
 import logging
 import secrets
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
@@ -38,9 +38,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from actors import metrics
 from actors.http.backend import Backend
 from actors.http.common import MAX_QUERY_CHARS, Changed
+from actors.http.oauth import APPROVE_PATH, AUDIENCE_KEY, OAUTH_KEY, OAuthServer
+from actors.http.oauth import OPEN_PATHS as OAUTH_PATHS
 from actors.messages import MAX_TURN_CHARS, Recall, Recalled, Status, TurnReply, UserTurn
 from runtime.config import Settings
 from runtime.store.files import write_private
+from runtime.time.clock import Clock
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +87,15 @@ class Guard:
     from the token: :class:`actors.http.page.PageAuth`), and ``/login`` and
     ``/logout`` are open; without either, a page GET is sent to ``/login``
     (303) and anything else is 401. Every other path (``/v1/…``, ``/api/…``,
-    ``/mcp``, ``/openapi.json``) takes the bearer token only."""
+    ``/mcp``, ``/openapi.json``) takes the bearer token only, but for ``/mcp``,
+    which also takes an OAuth access token (:mod:`actors.http.oauth`: its
+    audience is left in the scope under ``AUDIENCE_KEY``; the admin token leaves
+    none, and sees everything), and a 401 there names the protected-resource
+    metadata (RFC 9728). The OAuth endpoints themselves are open (the SDK's
+    handlers authenticate the client)."""
 
-    def __init__(self, app: Any, token: str, max_body_bytes: int) -> None:
+    def __init__(self, app: Any, token: str, max_body_bytes: int,
+                 oauth: OAuthServer | None = None) -> None:
         from actors.http import page as http_page
 
         self.app = app
@@ -94,6 +103,7 @@ class Guard:
         self.limit = max_body_bytes
         self.page = http_page
         self.page_auth = http_page.PageAuth(token)
+        self.oauth = oauth
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -107,18 +117,38 @@ class Guard:
         page = self.page.is_page_path(path)
         if page:
             scope[self.page.SCOPE_KEY] = self.page_auth
-        if not bearer and not (page and (self.page.is_open_path(path)
-                                         or self.page_auth.cookie_ok(headers.get(b"cookie")))):
+        oauth = self.oauth
+        mcp = oauth is not None and path == "/mcp"
+        scope.pop(AUDIENCE_KEY, None)
+        if oauth is not None:
+            scope[OAUTH_KEY] = oauth
+        if mcp and not bearer and oauth is not None and scheme.lower() == b"bearer":
+            who = oauth.audience(given.strip().decode("latin-1"))
+            if who is not None:
+                scope[AUDIENCE_KEY] = who
+                bearer = True
+        open_path = oauth is not None and oauth.is_open_path(path)
+        if not bearer and not open_path and not (
+                page and (self.page.is_open_path(path)
+                          or self.page_auth.cookie_ok(headers.get(b"cookie")))):
             if page and scope.get("method") in ("GET", "HEAD"):
+                from urllib.parse import urlencode
+
                 from fastapi.responses import RedirectResponse
 
-                response: Any = RedirectResponse("/login", status_code=303,
+                query = scope.get("query_string", b"").decode("latin-1")
+                back = path + (f"?{query}" if query else "")
+                # back to the approval after logging in (any other page: to /)
+                where = "/login" + (f"?{urlencode({'next': back})}"
+                                    if path == APPROVE_PATH else "")
+                response: Any = RedirectResponse(where, status_code=303,
                                                  headers={"Cache-Control": "no-store"})
             elif page:
                 response = _error(401, "log in first (/login)", "unauthorized")
             else:
                 response = _error(401, "a valid bearer token is required", "unauthorized")
-                response.headers["WWW-Authenticate"] = "Bearer"
+                response.headers["WWW-Authenticate"] = (
+                    oauth.challenge(scope) if mcp and oauth is not None else "Bearer")
             await response(scope, receive, send)
             return
         length = headers.get(b"content-length")
@@ -222,8 +252,10 @@ class MemoryWritten(BaseModel):
 
 # -- the app ----------------------------------------------------------------------
 
-def make_app(settings: Settings, token: str, backend: Backend) -> Any:
-    """The ASGI app: FastAPI behind the token and body-size guard."""
+def make_app(settings: Settings, token: str, backend: Backend,
+             clock: Clock | None = None) -> Any:
+    """The ASGI app: FastAPI behind the token and body-size guard. ``clock``
+    times the OAuth tokens of ``/mcp`` (default: the system's)."""
     app = FastAPI(title="Reverie", version="1", docs_url=None, redoc_url=None,
                   description="Reverie's memory runtime over HTTP. Every request needs "
                               "`Authorization: Bearer <token>` (the token is in "
@@ -305,5 +337,9 @@ def make_app(settings: Settings, token: str, backend: Backend) -> Any:
     for part in (http_memories, http_openai, http_ollama, http_mcp, http_page):
         part.install(app, settings, backend)
 
-    return Metered(Guard(app, token, settings.http.max_body_bytes))
+    oauth = OAuthServer(settings, clock)
+    for path in sorted(OAUTH_PATHS):
+        app.router.add_route(path, cast(Any, oauth), include_in_schema=False)  # SDK handlers
+
+    return Metered(Guard(app, token, settings.http.max_body_bytes, oauth))
 

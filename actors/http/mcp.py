@@ -26,7 +26,14 @@ cannot pile up threads: later calls wait their turn and time out in the same
 way.
 
 Who may call: the app's :class:`actors.http.app.Guard` (the bearer token, the
-body limit) wraps ``/mcp`` like every other path. The SDK's own Host/Origin
+body limit) wraps ``/mcp`` like every other path; it also takes an OAuth access
+token (:mod:`actors.http.oauth`, as Home Assistant's MCP client logs in). What a
+caller is told follows the privacy tier (:mod:`runtime.memories.privacy`): an
+OAuth client is bound to the audience its approver chose, and ``recall`` and
+``timeline`` leave out every memory :func:`~runtime.memories.privacy.may_use`
+refuses it (another person's sensitive memories; for a client approved for the
+household as a whole, every person's). The admin bearer token is the
+household's administrator: it sees everything. The SDK's own Host/Origin
 check is off: the hub is reached by its LAN address and the token already
 keeps a rebinding page out.
 
@@ -55,8 +62,10 @@ import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from actors.http.backend import Backend
+from actors.http.oauth import AUDIENCE_KEY
 from actors.messages import MAX_TURN_CHARS, BrowseMemories, Recall, Status
 from runtime.config import Settings
+from runtime.memories.privacy import Audience, for_audience
 from runtime.time.clock import household_zone
 
 if TYPE_CHECKING:
@@ -332,8 +341,10 @@ class Tools:
                 f"{label}: Reverie's memory could not answer ({type(exc).__name__}); the "
                 "status tool tells which part is down") from None
 
-    async def run(self, name: str, arguments: dict[str, Any]) -> tuple[str, BaseModel]:
-        """The tool's text and structured answer; ToolFailure for the model to read."""
+    async def run(self, name: str, arguments: dict[str, Any],
+                  who: Audience | None = None) -> tuple[str, BaseModel]:
+        """The tool's text and structured answer; ToolFailure for the model to read.
+        ``who``: the caller's audience (None: the admin token, everything)."""
         spec = self.specs.get(name)
         if spec is None:
             raise ToolFailure(f"unknown tool {name!r}; the tools are {', '.join(TOOL_NAMES)}")
@@ -344,14 +355,17 @@ class Tools:
                      ", ".join(sorted({str(e["loc"][0]) if e["loc"] else "-"
                                        for e in exc.errors()})))
             raise ToolFailure(_invalid(name, exc)) from None
-        handler: Callable[[Any], Any] = getattr(self, f"_{name}")
-        text, answer = await handler(args)
+        handler: Callable[[Any, Audience | None], Any] = getattr(self, f"_{name}")
+        text, answer = await handler(args, who)
         return text, answer
 
-    async def _recall(self, args: RecallArgs) -> tuple[str, RecallAnswer]:
+    async def _recall(self, args: RecallArgs,
+                      who: Audience | None = None) -> tuple[str, RecallAnswer]:
+        wanted = args.limit if who is None else min(2 * args.limit, 100)
         found = await self._call("recall", lambda: self.backend.recall(
-            Recall(query=args.query, max_items=args.limit)))
-        items = found.items[:args.limit]
+            Recall(query=args.query, max_items=wanted)))
+        items = found.items if who is None else for_audience(found.items, who)
+        items = items[:args.limit]
         memories = [RecalledMemory(ref=i.ref, kind=i.kind, text=i.text,
                                    when=_when(i.created_at, self.zone), channel=i.channel)
                     for i in items]
@@ -368,12 +382,14 @@ class Tools:
             lines.append(f"(Recall was degraded: {found.reason or 'not everything was searched'}.)")
         return "\n".join(lines), answer
 
-    async def _remember(self, args: RememberArgs) -> tuple[str, RememberAnswer]:
+    async def _remember(self, args: RememberArgs,
+                        who: Audience | None = None) -> tuple[str, RememberAnswer]:
         ref, action = await self._call(
             "remember", lambda: self.backend.remember(args.text, args.level), writes=True)
         return f"Remembered as {ref} ({action}).", RememberAnswer(ref=ref, action=action)
 
-    async def _forget(self, args: ForgetArgs) -> tuple[str, ForgetAnswer]:
+    async def _forget(self, args: ForgetArgs,
+                      who: Audience | None = None) -> tuple[str, ForgetAnswer]:
         ref = args.ref.strip()
         detail = await self._call("forget", lambda: self.backend.change(ref, "delete"),
                                   writes=True, label=f"forget {ref}")
@@ -406,12 +422,17 @@ class Tools:
             raise ToolFailure("timeline: until must come after since")
         return since, until, False
 
-    async def _timeline(self, args: TimelineArgs) -> tuple[str, TimelineAnswer]:
+    async def _timeline(self, args: TimelineArgs,
+                        who: Audience | None = None) -> tuple[str, TimelineAnswer]:
         since, until, dated = self._window(args)
         page = await self._call("timeline", lambda: self.backend.browse(BrowseMemories(
             since=since, until=until, oldest_first=True, include_disabled=False,
             dated=dated, limit=args.limit)))
         items = page.items[:args.limit]
+        if who is not None:
+            kept = for_audience(items, who)
+            page = page.model_copy(update={"total": page.total - (len(items) - len(kept))})
+            items = kept
         memories = [TimelineMemory(ref=v.ref, kind=v.kind, text=v.text,
                                    when=_when(v.created_at, self.zone), channel=v.channel,
                                    speaker=v.speaker) for v in items]
@@ -425,11 +446,12 @@ class Tools:
         lines = [f"{len(memories)} memor{'y' if len(memories) == 1 else 'ies'} from "
                  f"{window}, oldest first{more}:"]
         for m, v in zip(memories, items, strict=True):
-            who = f" {m.speaker}:" if m.speaker else ""
-            lines.append(f"- [{m.ref}, {_short(v.created_at, self.zone)}]{who} {m.text}")
+            said = f" {m.speaker}:" if m.speaker else ""
+            lines.append(f"- [{m.ref}, {_short(v.created_at, self.zone)}]{said} {m.text}")
         return "\n".join(lines), answer
 
-    async def _status(self, args: StatusArgs) -> tuple[str, Status]:
+    async def _status(self, args: StatusArgs,
+                      who: Audience | None = None) -> tuple[str, Status]:
         status = await self._call("status", self.backend.status)
         down = {name: state for name, state in status.actors.items() if state != "ok"}
         lines = [f"Reverie ({status.namespace}): "
@@ -478,7 +500,10 @@ def build_server(tools: Tools) -> Server[Any]:
     async def call_tool(ctx: ServerRequestContext[Any],
                         params: CallToolRequestParams) -> CallToolResult:
         try:
-            text, answer = await tools.run(params.name, params.arguments or {})
+            scope = getattr(ctx.request, "scope", None) or {}
+            who = scope.get(AUDIENCE_KEY)  # an OAuth client's; none: the admin token
+            text, answer = await tools.run(params.name, params.arguments or {},
+                                           who if isinstance(who, Audience) else None)
         except ToolFailure as exc:
             return Result(content=[TextContent(text=str(exc))], is_error=True)
         return Result(content=[TextContent(text=text)],

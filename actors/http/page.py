@@ -57,8 +57,10 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from actors.http.backend import Backend
+from actors.http.oauth import OAUTH_KEY
 from actors.messages import MAX_TURN_CHARS, BrowseMemories, MemoryPage, MemoryView
 from runtime.config import Settings
+from runtime.memories.privacy import person_key
 from runtime.time.clock import household_zone
 
 log = logging.getLogger(__name__)
@@ -74,7 +76,8 @@ PICTURES = {"map": "The memory map", "timeline": "The timeline",
 
 # The page's paths: the only ones a session cookie opens (the API's stay
 # bearer-only). The login form and logging out are open.
-PAGE_PATHS = frozenset({"/", "/login", "/logout", "/timeline", "/pictures"})
+PAGE_PATHS = frozenset({"/", "/login", "/logout", "/timeline", "/pictures",
+                        "/oauth/approve"})
 PAGE_PREFIXES = ("/memories/", "/viz/")
 OPEN_PATHS = frozenset({"/login", "/logout"})
 
@@ -295,6 +298,7 @@ LOGIN = """<p>Paste the access token to see the memories. It is in the file
 <code>~/.local/share/reverie/http-token</code>).</p>
 $problem
 <form method="post" action="/login" id="login">
+<input type="hidden" name="next" value="$next">
 <label>Access token <input type="password" name="token" id="token" required
  autocomplete="current-password" autofocus></label>
 <p><button type="submit">Log in</button></p>
@@ -337,6 +341,22 @@ $item
 </form>"""
 
 ASK_DELETE = "Delete this memory for good? It cannot be brought back."
+
+APPROVE = """<p><strong id="client">$client</strong> asks to use Reverie's memory
+through MCP (<code>/mcp</code>).</p>
+<p>It gets the memory tools: recall and timeline (read what is remembered),
+remember (add a fact), forget (delete a memory) and status. It never gets
+another person's sensitive memories (codes, health, money): only those of the
+person named below, and the household's.</p>
+<p>After you decide, your browser goes back to <code id="redirect">$redirect</code>.
+Only approve if you just started connecting it.</p>
+<form method="post" action="/oauth/approve" id="approve">
+<input type="hidden" name="csrf" value="$csrf">
+<input type="hidden" name="request" value="$request">
+<label>Who is approving <select name="person" id="person">$people</select></label>
+<p><button type="submit" name="decision" value="approve" id="allow">Approve</button>
+<button type="submit" name="decision" value="deny" id="deny">Deny</button></p>
+</form>"""
 
 
 def security_headers(nonce: str) -> dict[str, str]:
@@ -488,24 +508,27 @@ def install(app: Any, settings: Settings, backend: Backend) -> None:
 
     # -- log in, log out
 
-    def login_form(request: Request, problem: str = "", status: int = 200) -> HTMLResponse:
+    def login_form(request: Request, problem: str = "", status: int = 200,
+                   back: str = "/") -> HTMLResponse:
         note = fill('<p class="notice" id="problem">$p</p>', p=problem) if problem else Safe("")
-        return page(request, "Log in", fill(LOGIN, problem=note), status=status,
+        return page(request, "Log in", fill(LOGIN, problem=note, next=back), status=status,
                     logged_in=False)
 
     @app.get("/login", include_in_schema=False)
     def login_page(request: Request) -> HTMLResponse:
-        return login_form(request)
+        return login_form(request, back=local_path(request.query_params.get("next")))
 
     @app.post("/login", include_in_schema=False)
     async def login(request: Request) -> Response:
         if not same_origin(request.headers):
             return refused(request, "This form was sent from another site.")
         auth = auth_of(request)
-        if not auth.token_ok((await form_of(request)).get("token", "")):
+        form = await form_of(request)
+        back = local_path(form.get("next"))
+        if not auth.token_ok(form.get("token", "")):
             log.warning("memory page: a login with a wrong token")
-            return login_form(request, "That is not the token.", status=401)
-        response = RedirectResponse("/", status_code=303)
+            return login_form(request, "That is not the token.", status=401, back=back)
+        response = RedirectResponse(back, status_code=303)
         response.set_cookie(COOKIE, auth.cookie, path="/", httponly=True, samesite="strict",
                             secure=request.url.scheme == "https")
         response.headers["Cache-Control"] = "no-store"
@@ -642,7 +665,68 @@ def install(app: Any, settings: Settings, backend: Backend) -> None:
             back = "/"
         return RedirectResponse(back, status_code=303)
 
-    # -- pictures
+    # -- approving an MCP client (OAuth, actors.http.oauth)
+
+    def oauth_of(request: Request) -> Any:
+        found = request.scope.get(OAUTH_KEY)
+        if found is None:
+            raise RuntimeError("OAuth needs actors.http.app.Guard in front")
+        return found
+
+    def gone(request: Request) -> HTMLResponse:
+        body = Safe('<p class="notice" id="problem">This request to connect is unknown or '
+                    'has expired; start connecting again from the app.</p>')
+        return page(request, "Nothing to approve", body, status=400)
+
+    @app.get("/oauth/approve", include_in_schema=False)
+    def approve_page(request: Request) -> HTMLResponse:
+        key = request.query_params.get("request", "")
+        pending = oauth_of(request).store.pending(key)
+        if pending is None:
+            return gone(request)
+        options = [Safe('<option value="">the household (no one person)</option>')]
+        options += [fill('<option value="$p">$p</option>', p=person)
+                    for person in settings.household.people]
+        body = fill(APPROVE, client=pending.client_name or "An unnamed app",
+                    redirect=pending.redirect_uri, csrf=auth_of(request).csrf, request=key,
+                    people=join(options))
+        response = page(request, "Connect an app?", body)
+        # the form's answer redirects to the app: CSP form-action must allow it
+        target = urlsplit(pending.redirect_uri)
+        csp = response.headers["Content-Security-Policy"].replace(
+            "form-action 'self'", f"form-action 'self' {target.scheme}://{target.netloc}")
+        response.headers["Content-Security-Policy"] = csp
+        return response
+
+    @app.post("/oauth/approve", include_in_schema=False)
+    async def approve(request: Request) -> Response:
+        from mcp.server.auth.provider import construct_redirect_uri
+
+        if not same_origin(request.headers):
+            return refused(request, "This form was sent from another site.")
+        form = await form_of(request)
+        if not auth_of(request).csrf_ok(form.get("csrf")):
+            return refused(request, "This form is stale or was not sent by this page; "
+                                    "reload the page and try again.")
+        person = form.get("person", "").strip() or None
+        if person is not None and person_key(person) not in {
+                person_key(p) for p in settings.household.people}:
+            return trouble(request, ValueError(f"{person!r} is not one of the household's "
+                                               "people (household.people)"))
+        store = oauth_of(request).store
+        pending = store.decide(form.get("request", ""))
+        if pending is None:
+            return gone(request)
+        if form.get("decision") != "approve":
+            log.info("memory page: an app's request to connect was denied")
+            where = construct_redirect_uri(pending.redirect_uri, error="access_denied",
+                                           state=pending.state)
+        else:
+            log.info("memory page: an app was approved to connect")
+            where = construct_redirect_uri(pending.redirect_uri,
+                                           code=store.new_code(pending, person),
+                                           state=pending.state)
+        return RedirectResponse(where, status_code=303, headers={"Cache-Control": "no-store"})
 
     @app.get("/viz/{name}.png", include_in_schema=False)
     async def picture(request: Request, name: str) -> Response:

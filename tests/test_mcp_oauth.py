@@ -1,0 +1,394 @@
+"""OAuth 2.0 for ``/mcp`` as Home Assistant's MCP client performs it, driven by
+the ``mcp`` SDK's own client and its OAuth flow (``OAuthClientProvider``):
+discovery from the 401's ``resource_metadata``, dynamic registration, the
+person's approval on the memory page (logged in with the token, CSRF form),
+the code exchange with PKCE, then tool calls. Against the real runtime (the
+actors on the test session's Ray): the runtime's own HTTP server for the 401,
+and the same app served here over the same actors with a manual clock, so a
+token's expiry is reached by moving the clock, not by waiting."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import secrets
+import socket
+import stat
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import anyio
+import httpx2
+import pytest
+from http_runtime import Api, http_runtime
+from mcp import Client
+from mcp.client.auth import OAuthClientProvider
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.auth import (
+    AuthorizationCodeResult,
+    OAuthClientInformationFull,
+    OAuthClientMetadata,
+    OAuthToken,
+)
+from mcp_types import CallToolResult, TextContent
+
+from actors.http.app import make_app
+from actors.http.backend import ActorBackend
+from actors.http.oauth import STORE_FILE
+from runtime.time.clock import ManualClock
+from tests.waiting import wait_for
+
+NS = "test-mcp-oauth"
+REDIRECT = "http://127.0.0.1:9/callback"  # never fetched: the handler reads the redirect
+ANA_SECRET = "Ana's bank card PIN is 4417"
+BEN_SECRET = "Ben's insulin dose is 12 units"
+
+
+@dataclass
+class Served:
+    api: Api          # the runtime (its own HTTP server at api.base)
+    base: str         # the same app, served here with the manual clock
+    clock: ManualClock
+    data: Path
+
+
+@pytest.fixture(scope="module")
+def served(ray_instance: str, tmp_path_factory: pytest.TempPathFactory,
+           model_cache: Path) -> Iterator[Served]:
+    import uvicorn
+
+    data = tmp_path_factory.mktemp("mcp-oauth-data")
+    with http_runtime(NS, data, model_cache, household={"people": ["Ana", "Ben"]},
+                      http={"models": {"assistant": "offline"}}) as api:
+        clock = ManualClock(time.time())
+        app = make_app(api.settings, api.token, ActorBackend(api.settings), clock=clock)
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
+                                               lifespan="on"))
+        thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+        thread.start()
+        assert wait_for(lambda: server.started, timeout=60), "the app did not start"
+        try:
+            yield Served(api, f"http://127.0.0.1:{port}", clock, data)
+        finally:
+            server.should_exit = True
+            thread.join(timeout=30)
+            sock.close()
+
+
+# -- the client side: token storage, the person approving, the callback -------------
+
+@dataclass
+class Memory:
+    """The SDK's TokenStorage, in memory."""
+
+    tokens: OAuthToken | None = None
+    client: OAuthClientInformationFull | None = None
+
+    async def get_tokens(self) -> OAuthToken | None:
+        return self.tokens
+
+    async def set_tokens(self, tokens: OAuthToken) -> None:
+        self.tokens = tokens
+
+    async def get_client_info(self) -> OAuthClientInformationFull | None:
+        return self.client
+
+    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
+        self.client = client_info
+
+
+def field_of(html: str, name: str) -> str:
+    found = re.search(rf'name="{name}" value="([^"]*)"', html)
+    assert found, f"no {name} field in the page"
+    return found.group(1)
+
+
+@dataclass
+class Person:
+    """The household member approving on the memory page (logged in with the token)."""
+
+    base: str
+    token: str
+    person: str = ""
+    decision: str = "approve"
+    seen: list[str] = field(default_factory=list)   # the approval pages shown
+    result: AuthorizationCodeResult | None = None
+
+    async def approve(self, authorization_url: str) -> None:
+        async with httpx2.AsyncClient(base_url=self.base) as browser:
+            login = await browser.post("/login", data={"token": self.token})
+            assert login.status_code == 303, login.text
+            # /authorize (the SDK's handler) sends the browser to the approval page
+            asked = await browser.get(authorization_url)
+            assert asked.status_code in (302, 303), asked.text
+            page = await browser.get(asked.headers["location"])
+            assert page.status_code == 200, page.text
+            self.seen.append(page.text)
+            answer = await browser.post("/oauth/approve", data={
+                "csrf": field_of(page.text, "csrf"), "request": field_of(page.text, "request"),
+                "person": self.person, "decision": self.decision})
+            assert answer.status_code == 303, answer.text
+            back = answer.headers["location"]
+            assert back.startswith(REDIRECT + "?")
+            query = parse_qs(urlsplit(back).query)
+            self.result = AuthorizationCodeResult(code=query.get("code", [""])[0],
+                                                  state=query.get("state", [None])[0])
+
+    async def callback(self) -> AuthorizationCodeResult:
+        assert self.result is not None
+        return self.result
+
+
+def provider(base: str, storage: Memory, person: Person) -> OAuthClientProvider:
+    return OAuthClientProvider(
+        f"{base}/mcp",
+        OAuthClientMetadata(redirect_uris=[REDIRECT], client_name="Home Assistant",  # type: ignore[list-item]
+                            grant_types=["authorization_code", "refresh_token"],
+                            response_types=["code"]),
+        storage, redirect_handler=person.approve, callback_handler=person.callback)
+
+
+@asynccontextmanager
+async def connected(base: str, auth: Any) -> AsyncIterator[Client]:
+    async with httpx2.AsyncClient(auth=auth, timeout=60) as http:
+        async with Client(streamable_http_client(f"{base}/mcp", http_client=http),
+                          mode="legacy") as client:
+            yield client
+
+
+def text(result: CallToolResult) -> str:
+    block = result.content[0]
+    assert isinstance(block, TextContent)
+    return block.text
+
+
+def call(base: str, auth: Any, tool: str, arguments: dict[str, Any]) -> CallToolResult:
+    async def go() -> CallToolResult:
+        async with connected(base, auth) as client:
+            return await client.call_tool(tool, arguments)
+
+    return anyio.run(go)
+
+
+def mcp_status(base: str, bearer: str) -> httpx2.Response:
+    """A bare initialize on /mcp with this bearer token."""
+    return httpx2.post(f"{base}/mcp", headers={
+        "Authorization": f"Bearer {bearer}", "Accept": "application/json, text/event-stream"},
+        json={"jsonrpc": "2.0", "id": 1, "method": "initialize",
+              "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                         "clientInfo": {"name": "probe", "version": "1"}}}, timeout=60)
+
+
+def log_in(served: Served, person: str = "") -> tuple[Memory, Person]:
+    """The SDK's whole flow up to a tool call; the tokens it ends with."""
+    storage = Memory()
+    who = Person(served.base, served.api.token, person=person)
+    result = call(served.base, provider(served.base, storage, who), "status", {})
+    assert not result.is_error, text(result)
+    assert storage.tokens is not None and storage.tokens.refresh_token
+    return storage, who
+
+
+# -- the tests -------------------------------------------------------------------
+
+def test_the_runtimes_401_on_mcp_names_the_protected_resource_metadata(served: Served) -> None:
+    api = served.api
+    refused = mcp_status(api.base, "not-a-token")
+    assert refused.status_code == 401
+    challenge = refused.headers["www-authenticate"]
+    assert challenge.startswith("Bearer ")
+    assert f'resource_metadata="{api.base}/.well-known/oauth-protected-resource/mcp"' in challenge
+    meta = httpx2.get(f"{api.base}/.well-known/oauth-protected-resource/mcp", timeout=60).json()
+    assert meta["resource"] == f"{api.base}/mcp"
+    server = meta["authorization_servers"][0].rstrip("/")
+    assert server == api.base
+    root = httpx2.get(f"{api.base}/.well-known/oauth-protected-resource", timeout=60).json()
+    assert root == meta
+    auth = httpx2.get(f"{api.base}/.well-known/oauth-authorization-server", timeout=60).json()
+    assert auth["code_challenge_methods_supported"] == ["S256"]
+    assert auth["registration_endpoint"] == f"{api.base}/register"
+    assert auth["revocation_endpoint"] == f"{api.base}/revoke"
+    assert set(auth["grant_types_supported"]) >= {"authorization_code", "refresh_token"}
+    # the admin token still opens /mcp, and nothing else of the API opened up
+    assert mcp_status(api.base, api.token).status_code == 200
+    assert httpx2.get(f"{api.base}/v1/status", timeout=60).status_code == 401
+
+
+def test_discovery_registration_approval_and_a_tool_call_end_to_end(served: Served) -> None:
+    storage, who = log_in(served, person="Ana")
+    page = who.seen[0]
+    assert "Home Assistant" in page and REDIRECT in page and "csrf" in page
+    # the token works on /mcp; the file keeps only hashes, owner-only
+    assert storage.tokens is not None
+    access, refresh = storage.tokens.access_token, storage.tokens.refresh_token or ""
+    assert mcp_status(served.base, access).status_code == 200
+    kept = served.data / STORE_FILE
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600
+    raw = kept.read_text()
+    assert access not in raw and refresh not in raw
+    assert hashlib.sha256(access.encode()).hexdigest() in raw
+    # the access token opens nothing but /mcp
+    assert httpx2.get(f"{served.base}/v1/status", timeout=60,
+                      headers={"Authorization": f"Bearer {access}"}).status_code == 401
+
+
+def test_an_expired_access_token_gets_401_and_a_refresh_works(served: Served) -> None:
+    storage, who = log_in(served)
+    assert storage.tokens is not None
+    old = storage.tokens
+    served.clock.advance(served.api.settings.http.mcp_access_token_seconds + 1)
+    assert mcp_status(served.base, old.access_token).status_code == 401
+    # the refresh as Home Assistant's OAuth2 session does it (its own client, by
+    # expires_in): POST /token with the refresh token and the client's secret
+    assert storage.client is not None
+    secret = {"client_id": storage.client.client_id,
+              "client_secret": storage.client.client_secret}
+    answer = httpx2.post(f"{served.base}/token", timeout=60, data={
+        "grant_type": "refresh_token", "refresh_token": old.refresh_token, **secret})
+    assert answer.status_code == 200, answer.text
+    fresh = OAuthToken.model_validate(answer.json())
+    assert fresh.access_token != old.access_token and fresh.refresh_token != old.refresh_token
+    assert fresh.expires_in == served.api.settings.http.mcp_access_token_seconds
+    # the SDK's client goes on with the new token, no new approval asked for
+    storage.tokens = fresh
+    seen = len(who.seen)
+    result = call(served.base, provider(served.base, storage, who), "status", {})
+    assert not result.is_error, text(result)
+    assert len(who.seen) == seen
+    assert mcp_status(served.base, fresh.access_token).status_code == 200
+    # the old refresh token was rotated away
+    reused = httpx2.post(f"{served.base}/token", timeout=60, data={
+        "grant_type": "refresh_token", "refresh_token": old.refresh_token, **secret})
+    assert reused.status_code == 400 and reused.json()["error"] == "invalid_grant"
+    # and a refresh token outlives its access token, not its own life
+    served.clock.advance(served.api.settings.http.mcp_refresh_token_seconds + 1)
+    late = httpx2.post(f"{served.base}/token", timeout=60, data={
+        "grant_type": "refresh_token", "refresh_token": fresh.refresh_token, **secret})
+    assert late.status_code == 400 and late.json()["error"] == "invalid_grant"
+
+
+def test_a_revoked_token_gets_401(served: Served) -> None:
+    storage, _ = log_in(served)
+    assert storage.tokens is not None and storage.client is not None
+    access = storage.tokens.access_token
+    assert mcp_status(served.base, access).status_code == 200
+    revoked = httpx2.post(f"{served.base}/revoke", timeout=60, data={
+        "token": storage.tokens.refresh_token, "client_id": storage.client.client_id,
+        "client_secret": storage.client.client_secret})
+    assert revoked.status_code == 200, revoked.text
+    # revoking the refresh token revokes its grant: the access token too
+    assert mcp_status(served.base, access).status_code == 401
+    refreshed = httpx2.post(f"{served.base}/token", timeout=60, data={
+        "grant_type": "refresh_token", "refresh_token": storage.tokens.refresh_token,
+        "client_id": storage.client.client_id,
+        "client_secret": storage.client.client_secret})
+    assert refreshed.status_code == 400
+
+
+def pkce() -> tuple[str, str]:
+    verifier = secrets.token_urlsafe(48)
+    challenge = base64.urlsafe_b64encode(
+        hashlib.sha256(verifier.encode()).digest()).decode().rstrip("=")
+    return verifier, challenge
+
+
+def test_pkce_with_a_wrong_verifier_is_refused(served: Served) -> None:
+    base = served.base
+    client = httpx2.post(f"{base}/register", timeout=60, json={
+        "redirect_uris": [REDIRECT], "client_name": "by hand",
+        "grant_types": ["authorization_code", "refresh_token"],
+        "response_types": ["code"], "token_endpoint_auth_method": "client_secret_post"}).json()
+    assert client.get("client_secret_expires_at") in (0, None)
+    verifier, challenge = pkce()
+
+    async def code() -> str:
+        who = Person(base, served.api.token)
+        query = {"response_type": "code", "client_id": client["client_id"],
+                 "redirect_uri": REDIRECT, "code_challenge": challenge,
+                 "code_challenge_method": "S256", "state": "s1"}
+        from urllib.parse import urlencode
+        await who.approve(f"{base}/authorize?{urlencode(query)}")
+        assert who.result is not None and who.result.state == "s1"
+        return who.result.code
+
+    given = anyio.run(code)
+    form = {"grant_type": "authorization_code", "code": given, "redirect_uri": REDIRECT,
+            "client_id": client["client_id"], "client_secret": client["client_secret"]}
+    wrong = httpx2.post(f"{base}/token", timeout=60,
+                        data={**form, "code_verifier": pkce()[0]})
+    assert wrong.status_code == 400 and wrong.json()["error"] == "invalid_grant", wrong.text
+    right = httpx2.post(f"{base}/token", timeout=60, data={**form, "code_verifier": verifier})
+    assert right.status_code == 200, right.text
+    assert right.json()["token_type"].lower() == "bearer"
+    # a code is used once
+    again = httpx2.post(f"{base}/token", timeout=60, data={**form, "code_verifier": verifier})
+    assert again.status_code == 400
+    # plain PKCE is not accepted at /authorize
+    plain = httpx2.get(f"{base}/authorize", timeout=60, params={
+        "response_type": "code", "client_id": client["client_id"], "redirect_uri": REDIRECT,
+        "code_challenge": verifier, "code_challenge_method": "plain", "state": "s2"})
+    assert plain.status_code in (302, 303, 400)
+    if plain.status_code != 400:
+        assert "error=invalid_request" in plain.headers["location"]
+
+
+def test_a_denied_approval_gives_no_code(served: Served) -> None:
+    storage = Memory()
+    who = Person(served.base, served.api.token, decision="deny")
+
+    async def go() -> None:
+        async with connected(served.base, provider(served.base, storage, who)) as client:
+            await client.call_tool("status", {})
+
+    with pytest.raises(Exception):  # noqa: B017 (the SDK's flow fails in its own way)
+        anyio.run(go)
+    assert storage.tokens is None
+
+
+def test_an_oauth_caller_gets_no_other_persons_sensitive_memory(served: Served) -> None:
+    backend = ActorBackend(served.api.settings)
+    ana_ref, _ = backend.remember(ANA_SECRET, sensitive=True, person="Ana")
+    ben_ref, _ = backend.remember(BEN_SECRET, sensitive=True, person="Ben")
+    bearer = {"Authorization": f"Bearer {served.api.token}"}
+
+    class Admin(httpx2.Auth):
+        def auth_flow(self, request: Any) -> Any:
+            request.headers.update(bearer)
+            yield request
+
+    def refs(auth: Any, tool: str, arguments: dict[str, Any]) -> set[str]:
+        result = call(served.base, auth, tool, arguments)
+        assert not result.is_error, text(result)
+        return {m["ref"] for m in result.structured_content["memories"]}
+
+    query = {"query": "Ana bank card PIN Ben insulin dose", "limit": 20}
+    window = {"since": "today", "limit": 100}
+    # the admin token sees everything
+    assert wait_for(lambda: {ana_ref, ben_ref} <= refs(Admin(), "recall", query),
+                    timeout=60), "both memories recalled"
+    assert {ana_ref, ben_ref} <= refs(Admin(), "timeline", window)
+    # a client Ana approved: her own sensitive memory, never Ben's
+    storage, _ = log_in(served, person="Ana")
+    ana = provider(served.base, storage, Person(served.base, served.api.token))
+    recalled = call(served.base, ana, "recall", query)
+    assert ana_ref in {m["ref"] for m in recalled.structured_content["memories"]}
+    assert ben_ref not in {m["ref"] for m in recalled.structured_content["memories"]}
+    assert "12 units" not in text(recalled)
+    listed = call(served.base, ana, "timeline", window)
+    assert ana_ref in text(listed) and ben_ref not in text(listed)
+    assert "12 units" not in text(listed)
+    # a client approved for the household: no person's sensitive memory
+    storage, _ = log_in(served)
+    house = provider(served.base, storage, Person(served.base, served.api.token))
+    assert not {ana_ref, ben_ref} & refs(house, "recall", query)
+    assert not {ana_ref, ben_ref} & refs(house, "timeline", window)
