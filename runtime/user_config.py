@@ -284,22 +284,31 @@ def default_service_path(system: bool = False, env: Mapping[str, str] | None = N
     return base / "systemd" / "user" / SERVICE_NAME
 
 
-def _unit_value(value: str) -> str:
-    """A value in a unit file, quoted where systemd would split or expand it."""
+def _unit_value(value: str, command: bool = False) -> str:
+    """A value in a unit file, quoted where systemd would split or expand it:
+    ``%`` (a specifier) everywhere, ``$`` only in a command line (Environment=
+    gives ``$`` no meaning)."""
     if any(c in value for c in "\n\r\0"):
         raise ConfigError(f"{value!r}: a line break cannot go into a systemd unit")
     if any(c in value for c in ' \t"\'\\$%;'):
-        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("$", "$$")
-        return '"' + escaped.replace("%", "%%") + '"'
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+        return '"' + (escaped.replace("$", "$$") if command else escaped) + '"'
     return value
 
 
 def _unit_path(path: Path) -> str:
-    """An absolute path for a unit (ExecStart, EnvironmentFile), quoted if needed."""
+    """An absolute path at the start of a command line (ExecStart), quoted if needed."""
     text = str(path)
     if not path.is_absolute():
         raise ConfigError(f"{text}: a systemd unit needs an absolute path")
-    return _unit_value(text)
+    return _unit_value(text, command=True)
+
+
+def _unit_name(name: str) -> str:
+    """A user or group name for User=/Group= (never quoted: checked instead)."""
+    if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}", name):
+        raise ConfigError(f"{name!r}: not a user or group name a systemd unit takes")
+    return name
 
 
 def _unit_file_path(path: Path) -> str:
@@ -337,9 +346,9 @@ def service_unit_text(executable: Path, *, env_file: Path, system: bool = False,
         lines += ["Wants=network-online.target", "After=network-online.target"]
     lines += ["", "[Service]", "Type=simple"]
     if system:
-        lines.append(f"User={_unit_value(user or '')}")
+        lines.append(f"User={_unit_name(user or '')}")
         if group:
-            lines.append(f"Group={_unit_value(group)}")
+            lines.append(f"Group={_unit_name(group)}")
     lines += [
         f"ExecStart={_unit_path(executable)} run",
         "Restart=on-failure",

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from runtime.config import ConfigError
 from runtime.user_config import service_unit_text
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze") or (
@@ -121,8 +122,9 @@ def test_a_second_run_never_silently_replaces_a_changed_unit(tmp_path: Path) -> 
 @needs_systemd_analyze
 def test_chosen_data_dir_and_config_go_into_the_unit_quoted(tmp_path: Path) -> None:
     """REVERIE_DATA_DIR and REVERIE_CONFIG set by the user are carried into the unit,
-    quoted so that a space or a % survives systemd's parsing."""
-    data = tmp_path / "my data %h"
+    quoted so that a space, a % or a $ survives systemd's parsing (Environment=
+    expands specifiers, not variables: a % is doubled, a $ is not)."""
+    data = tmp_path / "my data %h $HOME"
     config = tmp_path / "conf dir" / "reverie.toml"
     target = tmp_path / "out" / "reverie.service"
     done = _init(tmp_path, "--path", str(target), REVERIE_DATA_DIR=str(data),
@@ -130,7 +132,7 @@ def test_chosen_data_dir_and_config_go_into_the_unit_quoted(tmp_path: Path) -> N
     assert done.returncode == 0, done.stderr
     _verify(target, tmp_path, user=True)
     text = target.read_text()
-    assert f'Environment="REVERIE_DATA_DIR={tmp_path}/my data %%h"' in text
+    assert f'Environment="REVERIE_DATA_DIR={tmp_path}/my data %%h $HOME"' in text
     assert f'Environment="REVERIE_CONFIG={config}"' in text
     assert f'EnvironmentFile=-{tmp_path}/conf dir/reverie.env\n' in text
     # written elsewhere than the user unit directory: the output says where to put it
@@ -151,6 +153,9 @@ def test_the_system_unit_verifies_and_runs_as_a_user(tmp_path: Path) -> None:
     assert settings["ProtectSystem"] == ["full"]
     assert settings["WantedBy"] == ["multi-user.target"]
     assert settings["After"] == ["network-online.target"]
+    with pytest.raises(ConfigError):  # a name the unit would misread is refused
+        service_unit_text(REVERIE, env_file=tmp_path / "reverie.env", system=True,
+                          user="ana smith")
 
 
 def test_system_unit_is_refused_as_root_and_without_service(tmp_path: Path) -> None:
