@@ -38,6 +38,7 @@ from actors.messages import RecentTurns
 from runtime.config import Settings, load_settings
 from runtime.memories.transcript import MAX_TURN_CHARS
 from tests.http_runtime import Api, http_runtime
+from tests.reverie_process import joined_runtime, runtime_env, status
 
 NS = "test-wyoming"
 CODE = "4471"
@@ -299,3 +300,19 @@ def test_off_by_default_nothing_listens(
     actors.append(actor)
     assert actor.wyoming_address() == "" and actor.ping() == "ok"
     assert new_listeners(before, actor) == set()
+
+
+def test_reverie_run_writes_the_address_and_status_shows_it(
+        ray_instance: str, tmp_path: Path, model_cache: Path) -> None:
+    """``reverie run`` configured from the environment (REVERIE_WYOMING__*): the
+    address in runtime.json as "wyoming", and in ``reverie status``."""
+    env = runtime_env(tmp_path, "test-wyoming-run", model_cache, REVERIE_HTTP__PORT="0",
+                      REVERIE_WYOMING__ENABLED="true", REVERIE_WYOMING__HOST="127.0.0.1",
+                      REVERIE_WYOMING__PORT="0")
+    with joined_runtime(env, ray_instance):
+        wy = json.loads((tmp_path / "runtime.json").read_text())["wyoming"]
+        parts = urlsplit(wy)
+        assert parts.scheme == "tcp" and parts.hostname == "127.0.0.1" and parts.port, wy
+        answer = exchange((parts.hostname, parts.port), Describe().event())
+        assert answer is not None and Info.is_type(answer.type)
+        assert status(env)["actors"]["http"] == f"ok; wyoming {wy}"
