@@ -333,8 +333,9 @@ def make_app(settings: Settings, token: str, backend: Backend,
     from actors.http import ollama as http_ollama
     from actors.http import openai as http_openai
     from actors.http import page as http_page
+    from actors.http import responses as http_responses
 
-    for part in (http_memories, http_openai, http_ollama, http_mcp, http_page):
+    for part in (http_memories, http_openai, http_responses, http_ollama, http_mcp, http_page):
         part.install(app, settings, backend)
 
     oauth = OAuthServer(settings, clock)
