@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import html
 import re
 import secrets
 import socket
@@ -107,10 +108,10 @@ class Memory:
         self.client = client_info
 
 
-def field_of(html: str, name: str) -> str:
-    found = re.search(rf'name="{name}" value="([^"]*)"', html)
+def field_of(page: str, name: str) -> str:
+    found = re.search(rf'name="{name}" value="([^"]*)"', page)
     assert found, f"no {name} field in the page"
-    return found.group(1)
+    return html.unescape(found.group(1))
 
 
 @dataclass
@@ -126,12 +127,19 @@ class Person:
 
     async def approve(self, authorization_url: str) -> None:
         async with httpx2.AsyncClient(base_url=self.base) as browser:
-            login = await browser.post("/login", data={"token": self.token})
-            assert login.status_code == 303, login.text
-            # /authorize (the SDK's handler) sends the browser to the approval page
+            # /authorize (the SDK's handler) sends the browser to the approval page,
+            # which is behind the memory page's login, and the login comes back to it
             asked = await browser.get(authorization_url)
             assert asked.status_code in (302, 303), asked.text
-            page = await browser.get(asked.headers["location"])
+            approval = asked.headers["location"]
+            assert approval.startswith("/oauth/approve?request=")
+            first = await browser.get(approval)
+            assert first.status_code == 303 and first.headers["location"].startswith("/login")
+            form = await browser.get(first.headers["location"])
+            login = await browser.post("/login", data={
+                "token": self.token, "next": field_of(form.text, "next")})
+            assert login.status_code == 303 and login.headers["location"] == approval
+            page = await browser.get(approval)
             assert page.status_code == 200, page.text
             self.seen.append(page.text)
             answer = await browser.post("/oauth/approve", data={
@@ -392,3 +400,34 @@ def test_an_oauth_caller_gets_no_other_persons_sensitive_memory(served: Served) 
     house = provider(served.base, storage, Person(served.base, served.api.token))
     assert not {ana_ref, ben_ref} & refs(house, "recall", query)
     assert not {ana_ref, ben_ref} & refs(house, "timeline", window)
+
+
+def test_the_approval_form_needs_the_login_and_its_csrf_token(served: Served) -> None:
+    base = served.base
+    client = httpx2.post(f"{base}/register", timeout=60, json={
+        "redirect_uris": [REDIRECT], "client_name": "csrf probe",
+        "token_endpoint_auth_method": "client_secret_post"}).json()
+    _, challenge = pkce()
+    asked = httpx2.get(f"{base}/authorize", timeout=60, params={
+        "response_type": "code", "client_id": client["client_id"], "redirect_uri": REDIRECT,
+        "code_challenge": challenge, "code_challenge_method": "S256", "state": "s"})
+    approval = asked.headers["location"]
+    key = parse_qs(urlsplit(approval).query)["request"][0]
+    with httpx2.Client(base_url=base, timeout=60) as browser:
+        # not logged in: refused, no code
+        bare = browser.post("/oauth/approve", data={"request": key, "decision": "approve"})
+        assert bare.status_code == 401 and "location" not in bare.headers
+        browser.post("/login", data={"token": served.api.token})
+        page = browser.get(approval)
+        assert page.status_code == 200
+        forged = browser.post("/oauth/approve", data={
+            "csrf": "forged", "request": key, "decision": "approve"})
+        assert forged.status_code == 403 and "location" not in forged.headers
+        # the request is still there for the real form
+        real = browser.post("/oauth/approve", data={
+            "csrf": field_of(page.text, "csrf"), "request": key, "decision": "approve"})
+        assert real.status_code == 303 and "code=" in real.headers["location"]
+        # and is used once
+        again = browser.post("/oauth/approve", data={
+            "csrf": field_of(page.text, "csrf"), "request": key, "decision": "approve"})
+        assert again.status_code == 400
