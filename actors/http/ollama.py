@@ -16,7 +16,16 @@ Tools that speak Ollama's API can then use Reverie as their model, with
 memory: the last user message is one turn on the same path as ``reverie
 chat`` (turn-zero recall, the configured upstream model, transcript writes),
 of the channel named by the ``X-Reverie-Channel`` header (default ``chat``),
-spoken by the ``X-Reverie-Speaker`` header. ``model`` is matched as in the
+spoken by the ``X-Reverie-Speaker`` header, through the memory layer
+(``actors.http.layer``): the client's system prompt kept with Reverie's memory
+added, its earlier messages the history, its ``tools`` sent upstream and the
+model's calls sent back in Ollama's shape (``message.tool_calls[].function``
+with ``arguments`` an object; streamed, in a message of their own before the
+``done`` one), its ``role: "tool"`` results continuing the same turn. Ollama's
+``format``, ``options`` and ``think`` go upstream as the OpenAI-compatible
+fields that mean the same (:func:`upstream_fields`); the rest is dropped with a
+log line. A channel with ``passthrough = false`` keeps only the last user
+message. ``model`` is matched as in the
 OpenAI-compatible endpoint (an alias, an upstream model or provider, or
 ``reverie``), with Ollama's ``:latest`` tag optional. The answer's last object
 carries the ``reverie`` extension (citations, provider, turn and reply ids).
@@ -33,7 +42,7 @@ import logging
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from fastapi import FastAPI, Header, Request
 from fastapi.exceptions import RequestValidationError
@@ -42,8 +51,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from actors.http.backend import Backend
-from actors.http.openai import Models, extension, first_and_rest, text_of
-from actors.messages import TurnDelta, TurnReply, UserTurn
+from actors.http.layer import LayerError, arguments_text, client_turn, invalid
+from actors.http.openai import Models, client_tools, extension, first_and_rest
+from actors.messages import ClientMessage, ClientToolCall, TurnDelta, TurnReply
 from runtime.config import Settings
 
 log = logging.getLogger(__name__)
@@ -59,6 +69,9 @@ class OllamaMessage(BaseModel):
 
     role: str = Field(max_length=40)
     content: str | None = None
+    images: list[str] | None = Field(default=None, max_length=64)
+    tool_calls: list[dict[str, Any]] | None = Field(default=None, max_length=128)
+    tool_name: str | None = Field(default=None, max_length=200)
 
 
 class OllamaModelName(BaseModel):
@@ -76,14 +89,128 @@ class OllamaModelName(BaseModel):
 
 
 class OllamaChat(BaseModel):
-    """Ollama's chat request; options, tools, format and keep_alive are accepted
-    and not used."""
+    """Ollama's chat request. ``tools`` go to the upstream model; ``format``,
+    ``options`` and ``think`` go as the OpenAI-compatible fields that mean the
+    same (:func:`upstream_fields`); what has none is dropped with a log line."""
 
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1, max_length=200)
     messages: list[OllamaMessage] = Field(min_length=1, max_length=1000)
     stream: bool = True
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=128)
+    format: str | dict[str, Any] | None = None
+    options: dict[str, Any] | None = None
+    keep_alive: float | str | None = None
+    think: bool | str | None = None
+
+
+#: Ollama's ``options`` the upstream's chat-completions API takes, by its name there.
+OPTION_FIELDS = {"temperature": "temperature", "top_p": "top_p", "seed": "seed",
+                 "stop": "stop", "frequency_penalty": "frequency_penalty",
+                 "presence_penalty": "presence_penalty", "num_predict": "max_tokens"}
+EFFORTS = frozenset({"low", "medium", "high"})
+
+
+def upstream_fields(body: OllamaChat) -> dict[str, Any]:
+    """Ollama's request fields as the OpenAI-compatible upstream names them:
+    ``format`` ("json" or a JSON schema) as ``response_format``, the options of
+    :data:`OPTION_FIELDS`, ``think`` as ``reasoning_effort`` when it names one.
+    The rest (``num_ctx``, ``keep_alive``, ``think`` on/off, images...) has no
+    such field: dropped, named in a log line (names only, never values)."""
+    fields: dict[str, Any] = {}
+    dropped: list[str] = []
+    for key, value in (body.options or {}).items():
+        wire = OPTION_FIELDS.get(key)
+        if value is None:
+            continue
+        if wire is None or (key == "num_predict" and not (isinstance(value, int)
+                                                          and value > 0)):
+            dropped.append(f"options.{key}"[:60])
+            continue
+        fields[wire] = value
+    if body.format == "json":
+        fields["response_format"] = {"type": "json_object"}
+    elif isinstance(body.format, dict):
+        fields["response_format"] = {"type": "json_schema",
+                                     "json_schema": {"name": "response", "schema": body.format}}
+    elif body.format:
+        dropped.append("format")
+    if isinstance(body.think, str) and body.think in EFFORTS:
+        fields["reasoning_effort"] = body.think
+    elif body.think is not None:
+        dropped.append("think")
+    if body.keep_alive is not None:
+        dropped.append("keep_alive")
+    if any(m.images for m in body.messages):
+        dropped.append("images")
+    dropped += sorted(k[:60] for k, v in (body.model_extra or {}).items() if v is not None)
+    if dropped:
+        log.info("ollama: not sent upstream (no such field there): %s", ", ".join(dropped))
+    return fields
+
+
+Role = Literal["system", "user", "assistant", "tool"]
+ROLES: dict[str, Role] = {"system": "system", "user": "user", "assistant": "assistant",
+                          "tool": "tool"}
+
+
+def client_messages(messages: list[OllamaMessage]) -> list[ClientMessage]:
+    """Ollama's messages as the layer takes them. Ollama's tool calls carry no
+    id and its tool results name no call, so each call gets one from where it
+    is (``call_<message>_<call>``: the same conversation sent again gets the
+    same ids) and each result answers the first unanswered call of the last
+    assistant message (the one its ``tool_name`` names, when it names one).
+    :class:`LayerError` for a malformed call or a result with no call."""
+    out: list[ClientMessage] = []
+    open_calls: list[ClientToolCall] = []
+    for i, m in enumerate(messages):
+        role = ROLES.get(m.role)
+        if role is None:
+            log.info("ollama: a %r message left out", m.role[:40])
+            continue
+        calls: list[ClientToolCall] = []
+        answers: str | None = None
+        if m.role == "assistant":
+            calls = [_call_in(c, i, j) for j, c in enumerate(m.tool_calls or [])]
+            open_calls = list(calls)
+        elif m.role == "tool":
+            named = [c for c in open_calls if c.name == m.tool_name] or open_calls
+            if not named:
+                raise LayerError(f"messages[{i}]: a tool result with no tool call before it")
+            answers = named[0].id
+            open_calls.remove(named[0])
+        out.append(ClientMessage(role=role, content=m.content or "", tool_calls=calls,
+                                 tool_call_id=answers))
+    return out
+
+
+def _call_in(call: dict[str, Any], i: int, j: int) -> ClientToolCall:
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise LayerError(f"messages[{i}].tool_calls[{j}]: needs a function with a name")
+    given = call.get("id")
+    return ClientToolCall(id=given if isinstance(given, str) and given else f"call_{i}_{j}",
+                          name=function["name"],
+                          arguments=arguments_text(function.get("arguments")))
+
+
+def wire_calls(calls: list[ClientToolCall]) -> list[dict[str, Any]]:
+    """The model's calls of the client's tools in Ollama's shape: ``arguments``
+    an object (text that is not a JSON object goes under ``"arguments"``)."""
+    return [{"function": {"name": c.name, "arguments": _arguments_object(c.arguments)}}
+            for c in calls]
+
+
+def _arguments_object(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text) if text.strip() else {}
+    except ValueError:
+        value = None
+    if isinstance(value, dict):
+        return value
+    log.info("ollama: a tool call's arguments were not a JSON object; sent as text")
+    return {"arguments": text}
 
 
 def inline_defs(schema: dict[str, Any]) -> dict[str, Any]:
@@ -160,9 +287,12 @@ class Served:
         return hashlib.sha256(f"reverie:{name}".encode()).hexdigest()
 
 
-def _done(model: str, reply: TurnReply, content: str, started: float) -> dict[str, Any]:
-    return {"model": model, "created_at": _now(),
-            "message": {"role": "assistant", "content": content},
+def _done(model: str, reply: TurnReply, content: str, started: float,
+          calls: bool = True) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls and reply.tool_calls:
+        message["tool_calls"] = wire_calls(reply.tool_calls)
+    return {"model": model, "created_at": _now(), "message": message,
             "done": True, "done_reason": "stop",
             "total_duration": int((time.monotonic() - started) * 1e9),
             "reverie": extension(reply)}
@@ -262,12 +392,16 @@ def install(app: FastAPI, settings: Settings, backend: Backend) -> None:
         name = served(body.model)
         if name is None:
             return _error(404, f"model {body.model!r} not found; see /api/tags")
-        users = [m for m in body.messages if m.role == "user"]
-        text = text_of(users[-1].content) if users else ""
-        if not text.strip():
-            return _error(400, "messages: no user message with text")
-        turn = UserTurn(channel=channel, text=text, model=models.upstream(name),
-                        speaker=speaker)
+        try:
+            turn = client_turn(settings, channel=channel, speaker=speaker,
+                               model=models.upstream(name),
+                               messages=client_messages(body.messages),
+                               tools=client_tools(body.tools),
+                               fields=upstream_fields(body))
+        except LayerError as exc:
+            return _error(400, str(exc))
+        except ValidationError as exc:
+            return _error(400, invalid(exc))
         started = time.monotonic()
         if not body.stream:
             reply = backend.turn(turn)
@@ -283,7 +417,12 @@ def _lines(first: TurnDelta | TurnReply, rest: Iterator[TurnDelta | TurnReply],
     item = first
     while True:
         if isinstance(item, TurnReply):
-            yield json.dumps(_done(model, item, "", started)).encode() + b"\n"
+            if item.tool_calls:  # as Ollama streams them: a message of their own
+                yield json.dumps({"model": model, "created_at": _now(),
+                                  "message": {"role": "assistant", "content": "",
+                                              "tool_calls": wire_calls(item.tool_calls)},
+                                  "done": False}).encode() + b"\n"
+            yield json.dumps(_done(model, item, "", started, calls=False)).encode() + b"\n"
             return
         if item.text:
             yield json.dumps({"model": model, "created_at": _now(),
