@@ -243,18 +243,19 @@ class TurnsActor:
             pieces: list[str] = []
             provider = "none"
             pulled: turn.Answer[MemoryItem] | None = None
+            calls: list[ToolCall] = []  # of the client's tools (the memory layer)
             try:
-                # whole rounds of tool calls (a pull channel's, or the client's
-                # tools): the answer in one piece
-                if prepared.pull or prepared.request.tools:
+                if prepared.pull:  # whole rounds of tool calls: the answer in one piece
                     pulled = self._answer(prepared, msg.model)
                     provider = pulled.provider
                     pieces.append(pulled.text)
-                    if pulled.text:
-                        yield TurnDelta(text=pulled.text)
+                    yield TurnDelta(text=pulled.text)
                 else:
                     for name, piece in self.llm.stream(prepared.request, prefer=msg.model):
                         provider = name
+                        if isinstance(piece, ToolCall):
+                            calls.append(piece)
+                            continue
                         pieces.append(piece)
                         yield TurnDelta(text=piece)
             except AllProvidersFailed as exc:
@@ -265,7 +266,8 @@ class TurnsActor:
                 log.warning("the reply stream from %s broke: %s", provider, exc.kind)
             metrics.turn(msg.channel, streamed=True)
             yield self._finish(prepared, pulled if pulled is not None
-                               else turn.Answer("".join(pieces), provider))
+                               else turn.Answer("".join(pieces), provider,
+                                                client_calls=calls if prepared.opening else []))
 
     def _answered(self, msg: UserTurn, user_turn: TurnIn) -> TurnReply | None:
         """The reply already stored to a re-sent turn (the caller's request id):

@@ -35,10 +35,12 @@ OpenAI tool calling: append a round of calls to :attr:`FakeOpenAI.tool_calls`
 (a list of ``(name, arguments JSON text)``): a request that offers ``tools``
 (and does not say ``"tool_choice": "none"``) takes the next round, oldest
 first, and is answered with those ``tool_calls`` (``content`` null,
-``finish_reason`` ``"tool_calls"``). A request whose last message is a
-``tool`` message, with no scripted reply left, is answered ``"tool said: "``
-followed by the contents of the tool messages since the last assistant
-message (so a test sees the model use what its tool returned).
+``finish_reason`` ``"tool_calls"``); streamed, as OpenAI streams them (each
+call's id and name in one ``delta.tool_calls`` chunk, its arguments in two
+more). A request whose last message is a ``tool`` message, with no scripted
+reply left, is answered ``"tool said: "`` followed by the contents of the tool
+messages since the last assistant message (so a test sees the model use what
+its tool returned).
 
 Tools asked for in words: with :attr:`FakeOpenAI.auto_tools` on, a request
 whose last message is the user's and that offers a tool whose name, in words,
@@ -172,6 +174,9 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(200, json.dumps(_completion(body, None)).encode())
         else:
             calls = fake._next_tool_calls(body)
+            if calls is not None and isinstance(body, dict) and body.get("stream") is True:
+                self._stream_calls(body, calls)
+                return
             if calls is not None:
                 self._reply(200, json.dumps(_tool_completion(body, calls)).encode())
                 return
@@ -204,6 +209,26 @@ class _Handler(BaseHTTPRequestHandler):
             if i == 1 and (not fake._wait_stream_gates(said) or fake._drops(said)):
                 return
         self._event(_chunk(body, {}, "stop"))
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+    def _stream_calls(self, body: dict[str, Any], calls: list[tuple[str, str]]) -> None:
+        """Tool calls streamed as OpenAI streams them: each call's id and name
+        in one delta, its arguments' text in two more."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.close_connection = True
+        self._event(_chunk(body, {"role": "assistant", "content": None}, None))
+        for i, (name, arguments) in enumerate(calls):
+            self._event(_chunk(body, {"tool_calls": [
+                {"index": i, "id": f"call_{i}", "type": "function",
+                 "function": {"name": name, "arguments": ""}}]}, None))
+            half = len(arguments) // 2
+            for part in (arguments[:half], arguments[half:]):
+                self._event(_chunk(body, {"tool_calls": [
+                    {"index": i, "function": {"arguments": part}}]}, None))
+        self._event(_chunk(body, {}, "tool_calls"))
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
 

@@ -205,7 +205,8 @@ def test_a_tool_call_goes_back_and_its_result_continues_the_turn(
         ("HassTurnOn", json.loads(call.function.arguments), HA_RESULT)]
 
 
-def test_streamed_tool_calls_come_as_openai_deltas(client: openai.OpenAI) -> None:
+def test_streamed_tool_calls_come_as_openai_deltas(client: openai.OpenAI,
+                                                   upstream: FakeOpenAI) -> None:
     asked = f"Turn on the porch light {uuid.uuid4().hex[:6]}"
     conversation: list[Any] = [{"role": "system", "content": HA_PROMPT},
                                {"role": "user", "content": asked}]
@@ -217,6 +218,8 @@ def test_streamed_tool_calls_come_as_openai_deltas(client: openai.OpenAI) -> Non
     assert delta.index == 0 and delta.id and delta.function and delta.function.arguments
     assert delta.function.name == "HassTurnOn"
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    sent = upstream.last.body  # streamed upstream too, with the tools
+    assert sent["stream"] is True and sent["tools"] == HA_TOOLS
     conversation += [
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": delta.id, "type": "function",

@@ -24,8 +24,10 @@ status, malformed response, refused or dropped connection).
   that, the words are out: an error then ends the stream).
 * Tool calling: a request's ``tools`` are sent as OpenAI ``tools`` by
   :meth:`OpenAICompatibleProvider.complete`, and the answer's ``tool_calls``
-  come back in :attr:`Completion.tool_calls`; streams are text only (a pull
-  turn's tool rounds are not streamed: ``runtime.recall.pull``). The offline provider
+  come back in :attr:`Completion.tool_calls`; streamed, the calls are put
+  together from OpenAI's ``delta.tool_calls`` and yielded whole, as
+  :class:`ToolCall` items after the text (a pull turn's tool rounds are not
+  streamed: ``runtime.recall.pull``). The offline provider
   has no tools: it answers from the request's memories as always.
 * A client's own fields (the memory layer: ``actors.http.layer``) come in
   :attr:`LLMRequest.options` and go into the body as they are (never over
@@ -316,7 +318,7 @@ class OpenAICompatibleProvider:
                             else self._default_temperature),
             "stream": stream,
         }
-        if request.tools and not stream:  # tool calls are read from whole answers only
+        if request.tools:
             body["tools"] = [{"type": "function",
                               "function": {"name": t.name, "description": t.description,
                                            "parameters": t.parameters}}
@@ -339,8 +341,10 @@ class OpenAICompatibleProvider:
         raw = self._post(self._request(request, False, key), key)
         return self._parse(raw, key)
 
-    def stream(self, request: LLMRequest) -> Iterator[str]:
-        """The reply's text as the endpoint streams it (server-sent events).
+    def stream(self, request: LLMRequest) -> Iterator[str | ToolCall]:
+        """The reply's text as the endpoint streams it (server-sent events),
+        then the tool calls it made, each whole (only when the request offers
+        ``tools``).
 
         Connecting, an HTTP error status or a refused connection raise
         :class:`LLMError` here, before anything is yielded; a stream that breaks
@@ -350,15 +354,19 @@ class OpenAICompatibleProvider:
         resp = self._open(self._request(request, True, key), key)
         return self._events(resp, key)
 
-    def _events(self, resp: Any, key: str | None) -> Iterator[str]:
+    def _events(self, resp: Any, key: str | None) -> Iterator[str | ToolCall]:
         received = 0
+        calls: dict[int, dict[str, str]] = {}  # tool calls by index, as their deltas come
         try:
             if "json" in (resp.headers.get("Content-Type") or ""):
                 raw = resp.read(MAX_RESPONSE_BYTES + 1)
                 if len(raw) > MAX_RESPONSE_BYTES:
                     raise self._error(LLMErrorKind.MALFORMED,
                                       f"response larger than {MAX_RESPONSE_BYTES} bytes", key)
-                yield self._parse(raw, key).text
+                whole = self._parse(raw, key)
+                if whole.text or not whole.tool_calls:
+                    yield whole.text
+                yield from whole.tool_calls
                 return
             while True:
                 try:
@@ -376,15 +384,18 @@ class OpenAICompatibleProvider:
                     continue  # blank separators, comments, event names
                 payload = line[5:].strip()
                 if payload == b"[DONE]":
+                    yield from _assembled(calls)
                     return
-                piece = self._delta(payload, key)
+                piece = self._delta(payload, key, calls)
                 if piece:
                     yield piece
         finally:
             resp.close()
 
-    def _delta(self, payload: bytes, key: str | None) -> str:
-        """The text of one ``chat.completion.chunk`` event ("" when it has none)."""
+    def _delta(self, payload: bytes, key: str | None,
+               calls: dict[int, dict[str, str]] | None = None) -> str:
+        """The text of one ``chat.completion.chunk`` event ("" when it has none);
+        its ``tool_calls`` deltas are added to ``calls``."""
         try:
             data = json.loads(payload)
         except (ValueError, RecursionError):
@@ -400,6 +411,9 @@ class OpenAICompatibleProvider:
         if not choices:
             return ""  # e.g. the usage-only last chunk
         delta = choices[0].get("delta") if isinstance(choices[0], dict) else None
+        if calls is not None and isinstance(delta, dict) \
+                and isinstance(delta.get("tool_calls"), list):
+            _add_call_deltas(calls, delta["tool_calls"])
         content = delta.get("content") if isinstance(delta, dict) else None
         return content if isinstance(content, str) else ""
 
@@ -504,6 +518,34 @@ class OpenAICompatibleProvider:
         log.debug("llm %s: %d chars, %d tool calls, finish_reason=%s", self.name, len(content),
                   len(calls), completion.finish_reason)
         return completion
+
+
+def _add_call_deltas(calls: dict[int, dict[str, str]], deltas: list[Any]) -> None:
+    """OpenAI's streamed ``delta.tool_calls``: the id and name come once, the
+    arguments' text in pieces, each delta naming its call by ``index``."""
+    for i, delta in enumerate(deltas):
+        if not isinstance(delta, dict):
+            continue
+        index = delta.get("index")
+        call = calls.setdefault(index if isinstance(index, int) else i,
+                                {"id": "", "name": "", "arguments": ""})
+        function = delta.get("function")
+        if isinstance(delta.get("id"), str):
+            call["id"] = delta["id"]
+        if isinstance(function, dict):
+            if isinstance(function.get("name"), str):
+                call["name"] += function["name"]
+            arguments = function.get("arguments")
+            if isinstance(arguments, dict):
+                arguments = json.dumps(arguments)
+            if isinstance(arguments, str):
+                call["arguments"] += arguments
+
+
+def _assembled(calls: dict[int, dict[str, str]]) -> list[ToolCall]:
+    """The streamed tool calls, whole, in their order (one without a name is dropped)."""
+    return [ToolCall(id=c["id"] or f"call_{i}", name=c["name"], arguments=c["arguments"])
+            for i, c in sorted(calls.items()) if c["name"]]
 
 
 def _parse_tool_calls(raw: object, bad: Callable[[str], LLMError]) -> list[ToolCall]:
@@ -671,9 +713,9 @@ class FallbackChain:
         return first + [p for p in self.providers if p not in first]
 
     def stream(self, request: LLMRequest,
-               prefer: str | None = None) -> Iterator[tuple[str, str]]:
-        """``(provider name, text piece)`` as the first provider that answers
-        streams its reply. A provider that fails before its first piece is
+               prefer: str | None = None) -> Iterator[tuple[str, str | ToolCall]]:
+        """``(provider name, text piece or whole tool call)`` as the first
+        provider that answers streams its reply. A provider that fails before its first piece is
         skipped, as in :meth:`complete`; one that fails after it ends the stream
         with its :class:`LLMError` (what was said is said)."""
         errors: list[LLMError] = []
@@ -751,12 +793,13 @@ class FallbackChain:
                       ", ".join(f"{e.provider} {e.kind}" for e in errors))
 
 
-def _pieces(provider: LLMProvider, request: LLMRequest) -> Iterator[str]:
+def _pieces(provider: LLMProvider, request: LLMRequest) -> Iterator[str | ToolCall]:
     """The provider's streamed pieces; its whole completion when it cannot stream."""
     stream = getattr(provider, "stream", None)
     if stream is not None:
         return iter(stream(request))
-    return iter([provider.complete(request).text])
+    completion = provider.complete(request)
+    return iter([completion.text, *completion.tool_calls])
 
 
 # --------------------------------------------------------------------------- answers
