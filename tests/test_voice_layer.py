@@ -16,7 +16,7 @@ import sqlite3
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import openai
@@ -42,7 +42,7 @@ HA_PROMPT = (
     "- names: Kitchen Light\n  domain: light\n  state: 'off'\n  areas: Kitchen\n"
     "- names: Porch Light\n  domain: light\n  state: 'on'\n  areas: Outside\n")
 
-HA_TOOLS: list[dict[str, Any]] = [
+HA_TOOLS: list[Any] = [
     {"type": "function", "function": {
         "name": "HassTurnOn",
         "description": "Turns on/opens/presses a device or entity. For locks, this "
@@ -133,7 +133,7 @@ def test_the_prompt_and_tools_arrive_upstream_unchanged_with_memory_added(
     remember(api, "The porch light must stay on at night because of the cat.")
     before = len(upstream.requests)
     completion = client.chat.completions.create(
-        model="reverie", temperature=0.3, top_p=0.9, tools=HA_TOOLS,  # type: ignore[arg-type]
+        model="reverie", temperature=0.3, top_p=0.9, tools=HA_TOOLS,
         messages=[{"role": "system", "content": HA_PROMPT},
                   {"role": "user", "content": "Why is the porch light on at night?"}],
         extra_headers=on("ha"))
@@ -153,7 +153,7 @@ def test_the_prompt_and_tools_arrive_upstream_unchanged_with_memory_added(
 def test_a_remembered_fact_shapes_the_reply(api: Api, client: openai.OpenAI) -> None:
     remember(api, "The garage door code is 2468.")
     completion = client.chat.completions.create(
-        model="memory-only", tools=HA_TOOLS,  # type: ignore[arg-type]
+        model="memory-only", tools=HA_TOOLS,
         response_format={"type": "text"},  # the offline provider drops it (and the tools)
         messages=[{"role": "system", "content": HA_PROMPT},
                   {"role": "user", "content": "What is the garage door code?"}],
@@ -167,7 +167,7 @@ def test_a_tool_call_goes_back_and_its_result_continues_the_turn(
     conversation: list[Any] = [{"role": "system", "content": HA_PROMPT},
                                {"role": "user", "content": asked}]
     before = len(upstream.requests)
-    first = client.chat.completions.create(model="reverie", tools=HA_TOOLS,  # type: ignore[arg-type]
+    first = client.chat.completions.create(model="reverie", tools=HA_TOOLS,
                                            messages=conversation, extra_headers=on("ha"))
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -182,7 +182,7 @@ def test_a_tool_call_goes_back_and_its_result_continues_the_turn(
             {"id": call.id, "type": "function",
              "function": {"name": call.function.name, "arguments": call.function.arguments}}]},
         {"role": "tool", "tool_call_id": call.id, "content": HA_RESULT}]
-    second = client.chat.completions.create(model="reverie", tools=HA_TOOLS,  # type: ignore[arg-type]
+    second = client.chat.completions.create(model="reverie", tools=HA_TOOLS,
                                             messages=conversation, extra_headers=on("ha"))
     assert second.choices[0].finish_reason == "stop"
     assert second.choices[0].message.content == f"tool said: {HA_RESULT}"
@@ -211,7 +211,7 @@ def test_streamed_tool_calls_come_as_openai_deltas(client: openai.OpenAI,
     conversation: list[Any] = [{"role": "system", "content": HA_PROMPT},
                                {"role": "user", "content": asked}]
     chunks = list(client.chat.completions.create(
-        model="reverie", stream=True, tools=HA_TOOLS,  # type: ignore[arg-type]
+        model="reverie", stream=True, tools=HA_TOOLS,
         messages=conversation, extra_headers=on("ha")))
     deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
     [delta] = deltas
@@ -226,7 +226,7 @@ def test_streamed_tool_calls_come_as_openai_deltas(client: openai.OpenAI,
              "function": {"name": "HassTurnOn", "arguments": delta.function.arguments}}]},
         {"role": "tool", "tool_call_id": delta.id, "content": HA_RESULT}]
     rest = list(client.chat.completions.create(
-        model="reverie", stream=True, tools=HA_TOOLS,  # type: ignore[arg-type]
+        model="reverie", stream=True, tools=HA_TOOLS,
         messages=conversation, extra_headers=on("ha")))
     text = "".join(c.choices[0].delta.content or "" for c in rest if c.choices)
     assert text == f"tool said: {HA_RESULT}"
@@ -283,7 +283,7 @@ def test_a_passthrough_false_channel_behaves_as_before(client: openai.OpenAI,
         {"role": "user", "content": f"Turn on the kitchen light {tag}"}]
     for _ in range(2):
         completion = client.chat.completions.create(
-            model="reverie", tools=HA_TOOLS, messages=conversation,  # type: ignore[arg-type]
+            model="reverie", tools=HA_TOOLS, messages=conversation,
             extra_headers=on("plain"))
         assert completion.choices[0].finish_reason == "stop"
         assert not completion.choices[0].message.tool_calls
@@ -298,6 +298,6 @@ def test_a_passthrough_false_channel_behaves_as_before(client: openai.OpenAI,
 def test_a_tool_that_is_not_a_function_is_a_clear_400(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         client.chat.completions.create(
-            model="reverie", tools=[{"type": "code_interpreter"}],  # type: ignore[list-item]
+            model="reverie", tools=[cast(Any, {"type": "code_interpreter"})],
             messages=[{"role": "user", "content": "Hi"}], extra_headers=on("ha"))
     assert "tools[0]" in str(caught.value)

@@ -79,7 +79,8 @@ ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "us
 
 
 def client_messages(messages: list[ChatMessage]) -> list[ClientMessage]:
-    """OpenAI's messages as the layer takes them; a role it does not know (the
+    """OpenAI's messages as the layer takes them: their text (other parts, such
+    as images, are not sent upstream: logged); a role it does not know (the
     old ``function``) is left out. :class:`LayerError` for a malformed tool call."""
     out: list[ClientMessage] = []
     for i, m in enumerate(messages):
@@ -87,6 +88,8 @@ def client_messages(messages: list[ChatMessage]) -> list[ClientMessage]:
         if role is None:
             log.info("memory layer: a %r message left out", m.role[:40])
             continue
+        if isinstance(m.content, list) and any(p.get("type") != "text" for p in m.content):
+            log.info("memory layer: a message's parts other than text not sent upstream")
         calls = [tool_call(c, f"messages[{i}].tool_calls[{j}]")
                  for j, c in enumerate(m.tool_calls or [])] if role == "assistant" else []
         out.append(ClientMessage(role=role, content=text_of(m.content), tool_calls=calls,
