@@ -239,9 +239,10 @@ def test_a_remembered_fact_shapes_the_reply(api: Api, client: openai.OpenAI) -> 
 def test_the_same_input_twice_writes_no_duplicate_turn(
         client: openai.OpenAI, upstream: FakeOpenAI) -> None:
     tag = uuid.uuid4().hex[:6]
+    asked = f"And the stairs {tag}? " + "Tell me all about them. " * 60  # over 1000 chars
     conversation: Any = [{"role": "user", "content": f"Hello from the hallway {tag}."},
                          {"role": "assistant", "content": "Hello."},
-                         {"role": "user", "content": f"And the stairs {tag}?"}]
+                         {"role": "user", "content": asked}]
     before = len(upstream.requests)
     first = client.responses.create(model="reverie", instructions=HA_PROMPT,
                                     input=conversation, extra_headers=HA)
@@ -253,7 +254,9 @@ def test_the_same_input_twice_writes_no_duplicate_turn(
     assert again.output_text == first.output_text
     assert reverie(again)["reply_id"] == reverie(first)["reply_id"]
     said = [r.content for r in turns("ha") if tag in r.content]
-    assert said == [f"And the stairs {tag}?", first.output_text]
+    assert said == [asked, first.output_text]
+    alone = client.responses.create(model="memory-only", input=asked, extra_headers=HA)
+    assert alone.status == "completed"  # a string input of any length up to the body limit
 
 
 def test_the_bearer_token_is_required(api: Api, upstream: FakeOpenAI) -> None:

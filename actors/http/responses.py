@@ -66,7 +66,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from itertools import count
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Header
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -106,16 +106,16 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str = Field(min_length=1, max_length=200)
-    input: str | list[dict[str, Any]] = Field(max_length=MAX_CLIENT_MESSAGES)
+    input: str | Annotated[list[dict[str, Any]], Field(max_length=MAX_CLIENT_MESSAGES)]
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_CLIENT_TOOLS)
     tool_choice: str | dict[str, Any] | None = None
     stream: bool = False
     store: bool | None = None
     user: str | None = Field(default=None, max_length=200)
-    temperature: float | None = None
-    top_p: float | None = None
-    max_output_tokens: int | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, ge=0, le=1)
+    max_output_tokens: int | None = Field(default=None, ge=1)
     parallel_tool_calls: bool | None = None
     text: dict[str, Any] | None = None
     reasoning: dict[str, Any] | None = None
