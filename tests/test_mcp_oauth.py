@@ -431,3 +431,24 @@ def test_the_approval_form_needs_the_login_and_its_csrf_token(served: Served) ->
         again = browser.post("/oauth/approve", data={
             "csrf": field_of(page.text, "csrf"), "request": key, "decision": "approve"})
         assert again.status_code == 400
+
+
+def test_the_memory_page_lists_connected_apps_and_disconnects_one(served: Served) -> None:
+    storage, _ = log_in(served, person="Ben")
+    assert storage.tokens is not None
+    access = storage.tokens.access_token
+    with httpx2.Client(base_url=served.base, timeout=60) as browser:
+        assert browser.get("/oauth/apps").status_code == 303  # behind the login
+        browser.post("/login", data={"token": served.api.token})
+        listed = browser.get("/oauth/apps")
+        assert listed.status_code == 200 and "approved for Ben" in listed.text
+        grants = re.findall(r'name="grant" value="([^"]*)"', listed.text)
+        csrf = field_of(listed.text, "csrf")
+        forged = browser.post("/oauth/apps/disconnect", data={"csrf": "x", "grant": grants[-1]})
+        assert forged.status_code == 403
+        assert mcp_status(served.base, access).status_code == 200
+        for grant in grants:
+            gone = browser.post("/oauth/apps/disconnect", data={"csrf": csrf, "grant": grant})
+            assert gone.status_code == 303
+        assert "approved for Ben" not in browser.get("/oauth/apps").text
+    assert mcp_status(served.base, access).status_code == 401

@@ -77,7 +77,7 @@ PICTURES = {"map": "The memory map", "timeline": "The timeline",
 # The page's paths: the only ones a session cookie opens (the API's stay
 # bearer-only). The login form and logging out are open.
 PAGE_PATHS = frozenset({"/", "/login", "/logout", "/timeline", "/pictures",
-                        "/oauth/approve"})
+                        "/oauth/approve", "/oauth/apps", "/oauth/apps/disconnect"})
 PAGE_PREFIXES = ("/memories/", "/viz/")
 OPEN_PATHS = frozenset({"/login", "/logout"})
 
@@ -287,7 +287,8 @@ $body
 NAV = """<nav>
 <a href="/" $on_list>Memories</a> ·
 <a href="/timeline" $on_timeline>Timeline</a> ·
-<a href="/pictures" $on_pictures>Pictures</a>
+<a href="/pictures" $on_pictures>Pictures</a> ·
+<a href="/oauth/apps" $on_apps>Connected apps</a>
 </nav>
 <form class="inline" method="post" action="/logout">
 <button type="submit" id="logout">Log out</button>
@@ -342,6 +343,19 @@ $item
 
 ASK_DELETE = "Delete this memory for good? It cannot be brought back."
 
+APPS = """<p>Apps that use Reverie's memory through MCP with your approval (Home
+Assistant, for one). Disconnecting one voids its tokens at once; it has to be
+approved again to come back. A client using the access token itself is not
+listed here: it sees everything.</p>
+$listing"""
+
+APP = """<li class="app"><strong>$name</strong>, approved for $person, until $until
+<form class="inline" method="post" action="/oauth/apps/disconnect">
+<input type="hidden" name="csrf" value="$csrf">
+<input type="hidden" name="grant" value="$grant">
+<button type="submit" class="danger" data-action="disconnect">Disconnect</button>
+</form></li>"""
+
 APPROVE = """<p><strong id="client">$client</strong> asks to use Reverie's memory
 through MCP (<code>/mcp</code>).</p>
 <p>It gets the memory tools: recall and timeline (read what is remembered),
@@ -391,7 +405,7 @@ def install(app: Any, settings: Settings, backend: Backend) -> None:
         nav = Safe("")
         if logged_in:
             marks = {f"on_{name}": Safe('aria-current="page"' if current == name else "")
-                     for name in ("list", "timeline", "pictures")}
+                     for name in ("list", "timeline", "pictures", "apps")}
             nav = fill(NAV, **marks)
         text = fill(LAYOUT, title=title, nonce=nonce, style=Safe(STYLE), nav=nav,
                     body=body, script=Safe(SCRIPT))
@@ -697,6 +711,28 @@ def install(app: Any, settings: Settings, backend: Backend) -> None:
             "form-action 'self'", f"form-action 'self' {target.scheme}://{target.netloc}")
         response.headers["Content-Security-Policy"] = csp
         return response
+
+    @app.get("/oauth/apps", include_in_schema=False)
+    def apps_page(request: Request) -> HTMLResponse:
+        rows = [fill(APP, name=name, person=person or "the household",
+                     until=_when(until, zone), grant=grant, csrf=auth_of(request).csrf)
+                for grant, name, person, until in oauth_of(request).store.grants()]
+        listing = (fill('<ul class="apps" id="apps">$rows</ul>', rows=join(rows)) if rows
+                   else Safe('<p id="apps">No app is connected.</p>'))
+        body = fill(APPS, listing=listing)
+        return page(request, "Connected apps", body, current="apps")
+
+    @app.post("/oauth/apps/disconnect", include_in_schema=False)
+    async def disconnect(request: Request) -> Response:
+        if not same_origin(request.headers):
+            return refused(request, "This form was sent from another site.")
+        form = await form_of(request)
+        if not auth_of(request).csrf_ok(form.get("csrf")):
+            return refused(request, "This form is stale or was not sent by this page; "
+                                    "reload the page and try again.")
+        if oauth_of(request).store.revoke(form.get("grant", ""), grant=True):
+            log.info("memory page: an app was disconnected")
+        return RedirectResponse("/oauth/apps", status_code=303)
 
     @app.post("/oauth/approve", include_in_schema=False)
     async def approve(request: Request) -> Response:
