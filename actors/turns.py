@@ -100,7 +100,7 @@ CALL_TIMEOUT_S = 60.0
 NO_ANSWER = turn.NO_ANSWER
 STORED = "stored"  # the provider of a reply answered before (a re-sent turn)
 # client turns waiting for their tool results (the memory layer), kept by request id
-OPEN_TURNS = 256
+OPEN_TURNS = 32
 
 Prepared = turn.Prepared[MemoryItem]
 

@@ -301,3 +301,35 @@ def test_a_tool_that_is_not_a_function_is_a_clear_400(client: openai.OpenAI) -> 
             model="reverie", tools=[cast(Any, {"type": "code_interpreter"})],
             messages=[{"role": "user", "content": "Hi"}], extra_headers=on("ha"))
     assert "tools[0]" in str(caught.value)
+
+
+def test_the_turn_of_a_request_splits_the_conversation_around_its_last_user_message(
+        ) -> None:
+    from actors.http.layer import client_turn
+    from actors.messages import ClientMessage, ClientToolCall
+    from runtime.config import load_settings
+
+    settings = load_settings(env={}, overrides={"channels": {
+        "chat": {}, "plain": {"passthrough": False}}})
+    said = [ClientMessage(role="system", content="House rules."),
+            ClientMessage(role="system", content="Devices: lamp."),
+            ClientMessage(role="user", content="Hi."),
+            ClientMessage(role="assistant", content="Hello."),
+            ClientMessage(role="user", content="Lamp on.")]
+    going_on = [ClientMessage(role="assistant", content="", tool_calls=[
+                    ClientToolCall(id="c1", name="HassTurnOn", arguments="{}")]),
+                ClientMessage(role="tool", content="done", tool_call_id="c1")]
+    turn = client_turn(settings, channel="chat", speaker=None, model=None, messages=said,
+                       fields={"temperature": 0.1, "n": 2})
+    assert turn.text == "Lamp on." and turn.conversation is not None
+    assert turn.conversation.system == "House rules.\n\nDevices: lamp."
+    assert [m.content for m in turn.conversation.history] == ["Hi.", "Hello."]
+    assert turn.conversation.options == {"temperature": 0.1}  # "n" is not sent on
+    more = client_turn(settings, channel="chat", speaker=None, model=None,
+                       messages=[*said, *going_on])
+    assert more.request_id == turn.request_id  # the tool results belong to the same turn
+    assert more.conversation is not None and more.conversation.continuation == going_on
+    other = client_turn(settings, channel="chat", speaker="ana", model=None, messages=said)
+    assert other.request_id != turn.request_id
+    plain = client_turn(settings, channel="plain", speaker=None, model=None, messages=said)
+    assert plain.conversation is None and plain.request_id is None
