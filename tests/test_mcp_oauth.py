@@ -224,6 +224,7 @@ def test_the_runtimes_401_on_mcp_names_the_protected_resource_metadata(served: S
     assert root == meta
     auth = httpx2.get(f"{api.base}/.well-known/oauth-authorization-server", timeout=60).json()
     assert auth["code_challenge_methods_supported"] == ["S256"]
+    assert auth["token_endpoint_auth_methods_supported"] == ["client_secret_post"]
     assert auth["registration_endpoint"] == f"{api.base}/register"
     assert auth["revocation_endpoint"] == f"{api.base}/revoke"
     assert set(auth["grant_types_supported"]) >= {"authorization_code", "refresh_token"}
@@ -312,18 +313,25 @@ def pkce() -> tuple[str, str]:
 
 def test_pkce_with_a_wrong_verifier_is_refused(served: Served) -> None:
     base = served.base
+    # registered and authorized as Home Assistant's own code does it
+    # (homeassistant/components/mcp/registration.py and config_flow.py)
     client = httpx2.post(f"{base}/register", timeout=60, json={
-        "redirect_uris": [REDIRECT], "client_name": "by hand",
-        "grant_types": ["authorization_code", "refresh_token"],
-        "response_types": ["code"], "token_endpoint_auth_method": "client_secret_post"}).json()
-    assert client.get("client_secret_expires_at") in (0, None)
+        "redirect_uris": [REDIRECT], "client_name": "Home Assistant",
+        "grant_types": ["authorization_code", "refresh_token"], "response_types": ["code"],
+        "token_endpoint_auth_method": "client_secret_basic", "scope": "memory",
+        "application_type": "web"}).json()
+    assert client["client_secret"] and client["client_secret_expires_at"] == 0
+    assert REDIRECT in client["redirect_uris"] and client["scope"] == "memory"
+    # the secret goes in the form, as Home Assistant's OAuth2 implementation sends it
+    assert client["token_endpoint_auth_method"] == "client_secret_post"
     verifier, challenge = pkce()
 
     async def code() -> str:
         who = Person(base, served.api.token)
         query = {"response_type": "code", "client_id": client["client_id"],
                  "redirect_uri": REDIRECT, "code_challenge": challenge,
-                 "code_challenge_method": "S256", "state": "s1"}
+                 "code_challenge_method": "S256", "state": "s1",
+                 "access_type": "offline", "prompt": "consent", "scope": "memory"}
         from urllib.parse import urlencode
         await who.approve(f"{base}/authorize?{urlencode(query)}")
         assert who.result is not None and who.result.state == "s1"
@@ -335,11 +343,13 @@ def test_pkce_with_a_wrong_verifier_is_refused(served: Served) -> None:
     wrong = httpx2.post(f"{base}/token", timeout=60,
                         data={**form, "code_verifier": pkce()[0]})
     assert wrong.status_code == 400 and wrong.json()["error"] == "invalid_grant", wrong.text
-    right = httpx2.post(f"{base}/token", timeout=60, data={**form, "code_verifier": verifier})
+    right = httpx2.post(f"{base}/token", timeout=60,
+                        data={**form, "code_verifier": verifier})
     assert right.status_code == 200, right.text
     assert right.json()["token_type"].lower() == "bearer"
     # a code is used once
-    again = httpx2.post(f"{base}/token", timeout=60, data={**form, "code_verifier": verifier})
+    again = httpx2.post(f"{base}/token", timeout=60,
+                        data={**form, "code_verifier": verifier})
     assert again.status_code == 400
     # plain PKCE is not accepted at /authorize
     plain = httpx2.get(f"{base}/authorize", timeout=60, params={

@@ -83,6 +83,7 @@ STORE_FILE = "mcp-oauth.json"
 AUDIENCE_KEY = "reverie.audience"     # scope key: the OAuth caller's Audience (admin: absent)
 OAUTH_KEY = "reverie.oauth"           # scope key: the OAuthServer, for the approval page
 SCOPE = "memory"                      # the one scope: the MCP tools
+POST_AUTH = "client_secret_post"      # the one client authentication at /token and /revoke
 CODE_S = 300                          # an authorization code's life
 PENDING_S = 600                       # how long an approval may wait
 MAX_PENDING = 64
@@ -365,6 +366,10 @@ class Provider:
 
         if client_info.client_id is None:
             raise RegistrationError("invalid_client_metadata", "no client_id")
+        if client_info.token_endpoint_auth_method == "client_secret_basic":
+            # RFC 7591 §3.2.1: the server may replace a requested value; the
+            # answer tells the client (see _only_post_metadata)
+            client_info.token_endpoint_auth_method = POST_AUTH
         if client_info.token_endpoint_auth_method == "none" or not client_info.client_secret:
             # public clients are not served: the secret binds the code to the client
             raise RegistrationError("invalid_client_metadata",
@@ -512,7 +517,9 @@ class OAuthServer:
         registration = ClientRegistrationOptions(enabled=True, valid_scopes=[SCOPE],
                                                  default_scopes=[SCOPE])
         revocation = RevocationOptions(enabled=True)
-        routes = _auth_routes(self.provider, issuer, registration, revocation)
+        routes = [_only_post_metadata(r, issuer, registration, revocation)
+                  if getattr(r, "path", "") == AS_PATH else r
+                  for r in _auth_routes(self.provider, issuer, registration, revocation)]
         resource = AnyHttpUrl(base + "/mcp")
         routes += create_protected_resource_routes(resource, [issuer], [SCOPE],
                                                    "Reverie memory")
@@ -560,6 +567,23 @@ def _auth_routes(provider: Any, issuer: Any, registration: Any, revocation: Any)
 
 
 _SWAP_LOCK = threading.Lock()
+
+
+def _only_post_metadata(route: Any, issuer: Any, registration: Any, revocation: Any) -> Any:
+    """The RFC 8414 metadata with ``client_secret_post`` as the one client
+    authentication: Home Assistant's OAuth2 implementation sends the client's
+    secret in the form body, and the SDK's authenticator, for a client
+    registered as ``client_secret_basic``, wants it in a Basic header only."""
+    from mcp.server.auth.handlers.metadata import MetadataHandler
+    from mcp.server.auth.routes import build_metadata, cors_middleware
+    from starlette.routing import Route
+
+    metadata = build_metadata(issuer, None, registration, revocation)
+    metadata.token_endpoint_auth_methods_supported = [POST_AUTH]
+    metadata.revocation_endpoint_auth_methods_supported = [POST_AUTH]
+    return Route(route.path, endpoint=cors_middleware(MetadataHandler(metadata).handle,
+                                                      ["GET", "OPTIONS"]),
+                 methods=["GET", "OPTIONS"])
 
 
 def _renamed(route: Any, path: str) -> Any:
