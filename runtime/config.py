@@ -450,6 +450,9 @@ class WyomingSettings(_Section):
     # may connect; any other is closed at once. Empty: loopback peers only.
     allowed_peers: list[str] = Field(default_factory=list)
     languages: list[str] = Field(default_factory=lambda: ["en"])  # [] : any language
+    # Announce the service over mDNS (_wyoming._tcp) so Home Assistant discovers it;
+    # only for a host outside loopback (a loopback address helps no other machine).
+    zeroconf: bool = False
     # satellite_id or device_id (from the transcript's context) -> room and person
     satellites: dict[str, WyomingSatellite] = Field(default_factory=dict)
 

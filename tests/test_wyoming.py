@@ -8,7 +8,9 @@ local server speaking the OpenAI API as the model.
 The allow list is tested on a real socket outside loopback: an HTTP actor built
 in this process serves Wyoming on this machine's first non-loopback IPv4
 address, and a client connecting from that address is refused when it is not
-on the list (skipped on a machine with no such address)."""
+on the list (skipped on a machine with no such address). There too, the zeroconf
+announcement is browsed and resolved with the ``zeroconf`` package (as Home
+Assistant's discovery does), and seen withdrawn when the service stops."""
 
 from __future__ import annotations
 
@@ -316,3 +318,58 @@ def test_reverie_run_writes_the_address_and_status_shows_it(
         answer = exchange((parts.hostname, parts.port), Describe().event())
         assert answer is not None and Info.is_type(answer.type)
         assert status(env)["actors"]["http"] == f"ok; wyoming {wy}"
+
+
+async def _discover(lan_ip: str, name: str, actor: HttpActor) -> tuple[list[str], int]:
+    """Browse ``_wyoming._tcp`` on ``lan_ip`` as Home Assistant's zeroconf does:
+    the addresses and port announced under ``name``; then stop ``actor`` and
+    wait until the announcement is withdrawn."""
+    from zeroconf import IPVersion, ServiceStateChange
+    from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
+
+    seen: dict[str, asyncio.Event] = {"added": asyncio.Event(), "removed": asyncio.Event()}
+    loop = asyncio.get_running_loop()
+
+    def changed(zeroconf: Any, service_type: str, name: str,
+                state_change: ServiceStateChange) -> None:
+        if name == wanted:
+            key = "added" if state_change is ServiceStateChange.Added else "removed"
+            loop.call_soon_threadsafe(seen[key].set)
+
+    wanted = name
+    zc = AsyncZeroconf(interfaces=[lan_ip], ip_version=IPVersion.V4Only)
+    browser = AsyncServiceBrowser(zc.zeroconf, "_wyoming._tcp.local.", handlers=[changed])
+    try:
+        await seen["added"].wait()
+        info = AsyncServiceInfo("_wyoming._tcp.local.", name)
+        assert await info.async_request(zc.zeroconf, 10_000)
+        assert info.port is not None
+        await loop.run_in_executor(None, actor.stop)
+        await seen["removed"].wait()
+        return info.parsed_addresses(), info.port
+    finally:
+        await browser.async_cancel()
+        await zc.async_close()
+
+
+def test_zeroconf_announces_the_service_and_withdraws_it(
+        running: Api, tmp_path: Path, lan_ip: str, actors: list[HttpActor]) -> None:
+    actor = HttpActor(actor_settings(running, tmp_path, host=lan_ip, port=0,
+                                     allowed_peers=[lan_ip], zeroconf=True))
+    actors.append(actor)
+    port = urlsplit(actor.wyoming_address()).port
+    name = f"reverie-{socket.gethostname().split('.')[0]}._wyoming._tcp.local."
+    addresses, announced_port = asyncio.run(asyncio.wait_for(
+        _discover(lan_ip, name, actor), CLIENT_TIMEOUT_S))  # waits for the withdrawal too
+    assert addresses == [lan_ip] and announced_port == port
+
+
+def test_zeroconf_is_not_announced_for_a_loopback_host(
+        running: Api, tmp_path: Path, actors: list[HttpActor]) -> None:
+    from tests.waiting import wait_for
+
+    actor = HttpActor(actor_settings(running, tmp_path, port=0, zeroconf=True))
+    actors.append(actor)
+    assert wait_for(lambda: "zeroconf" in actor.ping(), 60), actor.ping()
+    assert actor.ping() == (f"ok; wyoming {actor.wyoming_address()} (zeroconf not announced:"
+                            " host 127.0.0.1 is loopback: no other machine could reach it)")

@@ -195,4 +195,9 @@ class HttpActor:
             return ""
         if not self._wyoming.running():
             return "; wyoming down: the Wyoming server stopped"
-        return f"; wyoming {self._wyoming.address}"
+        state = f"; wyoming {self._wyoming.address}"
+        if self._wyoming.announced:
+            return f"{state} (announced as {self._wyoming.announced})"
+        if self._wyoming.announce_error:
+            return f"{state} (zeroconf {self._wyoming.announce_error})"
+        return state

@@ -17,6 +17,12 @@ once, before anything is read (:func:`peer_allowed`). The transcript's
 maps to a room and a person: the person is the turn's speaker, so the privacy
 tier's speaker rules apply (an unmapped satellite is an unknown speaker).
 
+With ``[wyoming] zeroconf`` the service is announced over mDNS as
+``_wyoming._tcp`` (the ``zeroconf`` package, imported only then), on the
+address it listens on (for a wildcard host, the one this machine reaches the
+mDNS group from), so Home Assistant discovers it; a loopback host is not
+announced. The announcement is withdrawn when the service stops.
+
 Events are read with bounds (:data:`MAX_HEADER_BYTES`, :data:`MAX_DATA_BYTES`,
 no payload): the package's own reader reads whatever length a peer announces.
 Nothing a person said, nor a reply, reaches a log.
@@ -25,6 +31,7 @@ Nothing a person said, nor a reply, reaches a log.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import logging
@@ -59,6 +66,9 @@ STOP_TIMEOUT_S = 10.0
 # wyoming conversation agent sends both when it knows them), the first found wins.
 SOURCE_KEYS = ("satellite_id", "device_id")
 
+SERVICE_TYPE = "_wyoming._tcp.local."
+MDNS_GROUP = "224.0.0.251"
+
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 
@@ -72,6 +82,19 @@ def refusal(settings: WyomingSettings) -> str:
         return (f"[wyoming] host {settings.host} is not loopback and [wyoming] allowed_peers"
                 " is empty: Wyoming has no authentication, so name the peers allowed")
     return ""
+
+
+def announced_ip(host: str) -> str:
+    """The address announced over mDNS for a service on ``host``: ``host`` itself,
+    or, for a wildcard host, the address this machine reaches the mDNS group
+    from. ValueError for a loopback host (no other machine could use it)."""
+    if is_loopback(host):
+        raise ValueError(f"host {host} is loopback: no other machine could reach it")
+    if host not in ("0.0.0.0", "::", ""):
+        return host
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((MDNS_GROUP, 5353))  # UDP: nothing is sent
+        return str(probe.getsockname()[0])
 
 
 def allowed_networks(settings: WyomingSettings) -> list[Network]:
@@ -176,7 +199,11 @@ class WyomingService:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._open: set[asyncio.StreamWriter] = set()  # the connections (the loop's thread)
+        self._zeroconf: Any = None  # an AsyncZeroconf while announced
+        self._announcing: asyncio.Task[None] | None = None
         self.address = ""
+        self.announced = ""  # the mDNS name, once announced
+        self.announce_error = ""
 
     def bind(self, sock: socket.socket) -> None:
         """Serve on ``sock`` (bound and listening): records its address."""
@@ -210,6 +237,8 @@ class WyomingService:
     async def _serve(self) -> None:
         self._server = await asyncio.start_server(self.connection, sock=self._sock,
                                                   limit=MAX_HEADER_BYTES)
+        if self.settings.zeroconf:  # in the background: probing the name takes seconds
+            self._announcing = asyncio.create_task(self._announce())
         self._ready.set()
         async with self._server:
             try:
@@ -217,15 +246,57 @@ class WyomingService:
             except asyncio.CancelledError:
                 pass
 
+    async def _announce(self) -> None:
+        from zeroconf import IPVersion
+        from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
+
+        port = self._sock.getsockname()[1] if self._sock is not None else 0
+        try:
+            ip = announced_ip(self.settings.host)
+            packed = ipaddress.ip_address(ip).packed
+            name = f"reverie-{socket.gethostname().split('.')[0]}"
+            zc = AsyncZeroconf(interfaces=[ip], ip_version=IPVersion.V6Only if ":" in ip
+                               else IPVersion.V4Only)
+            self._zeroconf = zc
+            registered = await zc.async_register_service(AsyncServiceInfo(
+                SERVICE_TYPE, f"{name}.{SERVICE_TYPE}", addresses=[packed], port=port,
+                server=f"{name}.local."))
+            await registered  # probed, then announced
+        except Exception as exc:  # the service runs on, undiscovered
+            self.announce_error = f"not announced: {exc or type(exc).__name__}"
+            log.error("wyoming: zeroconf %s", self.announce_error)
+            await self._withdraw()
+            return
+        self.announced = f"{name}.{SERVICE_TYPE}"
+        log.info("wyoming: announced as %s on %s", self.announced, ip)
+
+    async def _withdraw(self) -> None:
+        zc, self._zeroconf = self._zeroconf, None
+        if zc is not None:
+            try:
+                await zc.async_unregister_all_services()
+            finally:
+                await zc.async_close()
+
+    async def _close(self) -> None:
+        if self._announcing is not None and not self._announcing.done():
+            self._announcing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._announcing
+        await self._withdraw()
+        if self._server is not None:
+            self._server.close()
+        for writer in list(self._open):
+            writer.close()
+
     def stop(self) -> None:
-        """Stop taking connections; close those open."""
-        loop, server = self._loop, self._server
-        if loop is not None and server is not None and self.running():
-            def close() -> None:
-                server.close()
-                for writer in list(self._open):
-                    writer.close()
-            loop.call_soon_threadsafe(close)
+        """Withdraw the announcement; stop taking connections; close those open."""
+        loop = self._loop
+        if loop is not None and self._server is not None and self.running():
+            try:
+                asyncio.run_coroutine_threadsafe(self._close(), loop).result(STOP_TIMEOUT_S)
+            except Exception as exc:
+                log.warning("wyoming: did not stop cleanly: %s", type(exc).__name__)
         if self._thread is not None:
             self._thread.join(timeout=STOP_TIMEOUT_S)
         if self._sock is not None:
