@@ -286,4 +286,9 @@ def test_what_needs_kept_state_or_other_tools_is_a_clear_400(
         client.responses.create(model="reverie",
                                 input=[{"type": "item_reference", "id": "msg_1"}])
     assert "input[0]" in str(caught.value)
+    with pytest.raises(openai.BadRequestError) as caught:  # a result of no call
+        client.responses.create(model="reverie", input=[
+            {"role": "user", "content": "Turn on the kitchen light"},
+            {"type": "function_call_output", "call_id": "call_9", "output": RESULT}])
+    assert "input[1]" in str(caught.value) and "call_id" in str(caught.value)
     assert len(upstream.requests) == before

@@ -176,6 +176,7 @@ def client_messages(instructions: str | None, given: str | list[dict[str, Any]]
     """``instructions`` and ``input`` as the layer takes them (see the module
     docstring). :class:`Refused` for an item this server does not take."""
     messages: list[dict[str, Any]] = []
+    called: set[str] = set()  # the call_ids of the function calls so far
     if instructions:
         messages.append({"role": "system", "content": instructions})
     if isinstance(given, str):
@@ -195,6 +196,7 @@ def client_messages(instructions: str | None, given: str | list[dict[str, Any]]
                 raise Refused(f"{where}: a function_call needs a call_id and a name", where)
             call = {"id": call_id, "name": name,
                     "arguments": arguments_text(item.get("arguments"))}
+            called.add(call_id)
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":  # the same response's
                 last.setdefault("tool_calls", []).append(call)
@@ -204,6 +206,9 @@ def client_messages(instructions: str | None, given: str | list[dict[str, Any]]
             call_id = item.get("call_id")
             if not isinstance(call_id, str):
                 raise Refused(f"{where}: a function_call_output needs a call_id", where)
+            if call_id not in called:
+                raise Refused(f"{where}: no function_call with this call_id comes before "
+                              "it in input", where)
             messages.append({"role": "tool", "tool_call_id": call_id,
                              "content": output_text_of(item.get("output"), where)})
         elif kind == "reasoning":
