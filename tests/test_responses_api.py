@@ -20,12 +20,15 @@ from typing import Any
 
 import httpx
 import openai
+import pydantic
 import pytest
 from fake_openai import FakeOpenAI, Mode
 from http_runtime import Api, http_runtime
+from openai.types.responses import Response, ResponseStreamEvent
 
 from actors.handles import TranscriptClient
-from actors.messages import RecentTurns
+from actors.http.responses import ResponsesRequest, Shell, output_of, stream_events
+from actors.messages import ClientToolCall, RecentTurns, TurnDelta, TurnReply
 
 NS = "test-responses-api"
 
@@ -292,3 +295,50 @@ def test_what_needs_kept_state_or_other_tools_is_a_clear_400(
             {"type": "function_call_output", "call_id": "call_9", "output": RESULT}])
     assert "input[1]" in str(caught.value) and "call_id" in str(caught.value)
     assert len(upstream.requests) == before
+
+
+# -- the events' shapes, checked strictly against the SDK's own types ----------------------
+
+STREAM_EVENT: Any = pydantic.TypeAdapter(ResponseStreamEvent)
+
+
+def parsed(chunks: Iterator[bytes]) -> list[Any]:
+    """Each server-sent event validated (strictly, not constructed as the client
+    does) as the ``openai`` SDK's ``ResponseStreamEvent``."""
+    out = []
+    for chunk in chunks:
+        name, data = chunk.decode().strip().split("\n")
+        payload = json.loads(data.removeprefix("data: "))
+        assert name == f"event: {payload['type']}"
+        out.append(STREAM_EVENT.validate_python(payload))
+    return out
+
+
+def test_every_event_fits_the_sdks_types_and_a_broken_turn_ends_failed() -> None:
+    body = ResponsesRequest(model="reverie", input="Hi", tools=TOOLS)
+    call = ClientToolCall(id="call_0", name="HassTurnOn", arguments='{"name": "porch"}')
+    reply = TurnReply(turn_id=1, reply_id=2, text="On it.", citations=["fact:1"],
+                      provider="local", tool_calls=[call])
+    events = parsed(stream_events(TurnDelta(text="On "), iter([TurnDelta(text="it."), reply]),
+                                  Shell(body)))
+    assert [e.type for e in events] == [
+        "response.created", "response.in_progress", "response.output_item.added",
+        "response.content_part.added", "response.output_text.delta",
+        "response.output_text.delta", "response.output_text.done",
+        "response.content_part.done", "response.output_item.done",
+        "response.output_item.added", "response.function_call_arguments.delta",
+        "response.function_call_arguments.done", "response.output_item.done",
+        "response.completed"]
+    done = events[-1].response
+    assert [i.type for i in done.output] == ["message", "function_call"]
+    assert done.output_text == "On it." and done.output[1].call_id == "call_0"
+    assert Response.model_validate(Shell(body).response("completed", output_of(reply), reply))
+
+    def broken() -> Iterator[TurnDelta | TurnReply]:
+        yield TurnDelta(text="it")
+        raise RuntimeError("the actor died")
+
+    events = parsed(stream_events(TurnDelta(text="On "), broken(), Shell(body)))
+    assert events[-1].type == "response.failed"
+    assert events[-1].response.status == "failed" and events[-1].response.error.message
+    assert events[-1].response.output[0].status == "incomplete"

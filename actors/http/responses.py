@@ -287,7 +287,7 @@ def new_id(prefix: str) -> str:
 
 def message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
     return {"type": "message", "id": item_id, "status": status, "role": "assistant",
-            "content": [text_part(text)] if status == "completed" else []}
+            "content": [] if status == "in_progress" else [text_part(text)]}
 
 
 def text_part(text: str) -> dict[str, Any]:
@@ -351,7 +351,7 @@ def output_of(reply: TurnReply) -> list[dict[str, Any]]:
     return items
 
 
-def _events(first: TurnDelta | TurnReply, rest: Iterator[TurnDelta | TurnReply],
+def stream_events(first: TurnDelta | TurnReply, rest: Iterator[TurnDelta | TurnReply],
             shell: Shell) -> Iterator[bytes]:
     """The SSE body (see the module docstring)."""
     numbers = count()
@@ -387,7 +387,7 @@ def _events(first: TurnDelta | TurnReply, rest: Iterator[TurnDelta | TurnReply],
                 else f"failed half-way ({type(exc).__name__})"
             log.warning("a streamed response %s", why)
             if pieces:
-                output.append(message_item(message_id, "".join(pieces)))
+                output.append(message_item(message_id, "".join(pieces), "incomplete"))
             yield event("response.failed", response=shell.response(
                 "failed", output, failure=f"the turn {why}; see `reverie status`"))
             return
@@ -452,6 +452,6 @@ def install(app: FastAPI, settings: Settings, backend: Backend) -> None:
             reply = backend.turn(turn)
             return shell.response("completed", output_of(reply), reply)
         first, rest = first_and_rest(backend.turn_stream(turn))
-        return StreamingResponse(_events(first, rest, shell), media_type="text/event-stream",
+        return StreamingResponse(stream_events(first, rest, shell), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache",
                                           "X-Accel-Buffering": "no"})
