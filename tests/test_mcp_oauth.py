@@ -462,3 +462,16 @@ def test_the_memory_page_lists_connected_apps_and_disconnects_one(served: Served
             assert gone.status_code == 303
         assert "approved for Ben" not in browser.get("/oauth/apps").text
     assert mcp_status(served.base, access).status_code == 401
+
+
+def test_a_host_header_that_is_no_host_does_not_reach_the_metadata(served: Served) -> None:
+    port = urlsplit(served.base).port
+    for bad in ['evil" , resource_metadata="http://attacker', "a b", "x/y"]:
+        r = httpx2.post(f"{served.base}/mcp", headers={"Host": bad}, json={}, timeout=60)
+        assert r.status_code == 401
+        assert r.headers["www-authenticate"].endswith(
+            f'resource_metadata="http://127.0.0.1:{port}/.well-known/'
+            'oauth-protected-resource/mcp"'), r.headers["www-authenticate"]
+    named = httpx2.get(f"{served.base}/.well-known/oauth-authorization-server",
+                       headers={"Host": f"hub.lan:{port}"}, timeout=60).json()
+    assert named["token_endpoint"] == f"http://hub.lan:{port}/token"

@@ -56,6 +56,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import secrets
 import threading
 from dataclasses import dataclass, field
@@ -468,14 +469,20 @@ def _token(issued: Issued) -> OAuthToken:
 
 # -- the server: the Guard's questions, the SDK's endpoints -----------------------------
 
+_HOST = re.compile(r"(?:[A-Za-z0-9.-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\])(?::[0-9]{1,5})?")
+
+
 def base_url(scope: dict[str, Any]) -> str:
-    """``scheme://host[:port]`` as the client reached us (the ``Host`` header)."""
+    """``scheme://host[:port]`` as the client reached us (the ``Host`` header;
+    one that is not a plain host and port: the address the server listens on)."""
     headers = dict(scope.get("headers") or [])
     host = headers.get(b"host", b"").decode("latin-1").strip()
-    if not host:
+    if not _HOST.fullmatch(host):
         server = scope.get("server") or ("127.0.0.1", 80)
-        host = f"{server[0]}:{server[1]}"
-    return f"{scope.get('scheme', 'http')}://{host}"
+        host = f"[{server[0]}]:{server[1]}" if ":" in str(server[0]) else \
+            f"{server[0]}:{server[1]}"
+    scheme = "https" if scope.get("scheme") == "https" else "http"
+    return f"{scheme}://{host}"
 
 
 class OAuthServer:
