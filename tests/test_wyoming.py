@@ -163,15 +163,18 @@ def test_a_failing_turn_is_not_handled_with_the_reason(
 
 def test_the_service_keeps_answering_after_a_malformed_event(
         address: tuple[str, int]) -> None:
-    async def garbage() -> bytes:
+    async def garbage(line: bytes) -> bytes:
         reader, writer = await asyncio.open_connection(*address)
-        writer.write(b"this is not json\n")
+        writer.write(line)
         await writer.drain()
         out = await reader.read()
         writer.close()
         return out
 
-    assert asyncio.run(asyncio.wait_for(garbage(), CLIENT_TIMEOUT_S)) == b""  # closed
+    for line in (b"this is not json\n",
+                 # announces a gigabyte of data: closed at once, nothing waited for
+                 b'{"type": "transcript", "data_length": 1000000000}\n'):
+        assert asyncio.run(asyncio.wait_for(garbage(line), CLIENT_TIMEOUT_S)) == b""
     answer = exchange(address, Describe().event())
     assert answer is not None and Info.is_type(answer.type)
 
