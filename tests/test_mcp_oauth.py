@@ -475,3 +475,21 @@ def test_a_host_header_that_is_no_host_does_not_reach_the_metadata(served: Serve
     named = httpx2.get(f"{served.base}/.well-known/oauth-authorization-server",
                        headers={"Host": f"hub.lan:{port}"}, timeout=60).json()
     assert named["token_endpoint"] == f"http://hub.lan:{port}/token"
+
+
+def test_an_unreadable_store_is_kept_aside_and_lets_nobody_in(tmp_path: Path) -> None:
+    """Without the runtime: the store's file as the HTTP actor reads it at start."""
+    from actors.http.oauth import OAuthStore
+
+    clock = ManualClock(time.time())
+    path = tmp_path / STORE_FILE
+    store = OAuthStore(path, clock, 3600, 86400)
+    issued = store.issue("client", ["memory"], "Ana", None)
+    assert store.token(issued.access, "access") is not None
+    again = OAuthStore(path, clock, 3600, 86400)  # a restart keeps the grant
+    assert again.token(issued.access, "access") is not None
+    assert again.token(issued.access, "refresh") is None  # kinds do not mix
+    path.write_text("{ not json")
+    broken = OAuthStore(path, clock, 3600, 86400)
+    assert broken.token(issued.access, "access") is None
+    assert (tmp_path / "mcp-oauth.broken").read_text() == "{ not json"  # nothing lost

@@ -9,7 +9,10 @@ call to the actors, on the same paths as the ``reverie`` command
 
 Every request, ``/openapi.json`` included, needs ``Authorization: Bearer
 <token>`` (compared in constant time); without it, or with a wrong one, the
-answer is 401 before anything is read or called. Bodies over
+answer is 401 before anything is read or called. Apart: the memory page's
+session cookie (:mod:`actors.http.page`), and OAuth 2.0 for ``/mcp``
+(:mod:`actors.http.oauth`: its endpoints are open, ``/mcp`` also takes the
+access tokens it issues). Bodies over
 ``http.max_body_bytes`` are refused with 413 (by ``Content-Length`` and by the
 bytes actually received). Malformed bodies get FastAPI's 422, which names the
 field.
