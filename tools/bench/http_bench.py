@@ -5,7 +5,10 @@ the first token through Reverie against the upstream alone.
 Usage:
     tools/bench/http.py [--memories 2000] [--queries 150] [--ttft-requests 25]
                         [--upstream-first-ms 150] [--upstream-token-ms 20]
-                        [--json OUT.json]
+                        [--layer-rounds 12] [--only all|layer] [--json OUT.json]
+
+``--only layer`` runs the memory-layer case (4. below) alone, on the same store
+and runtime (about 1.5 minutes with the defaults).
 
 1. Build a store of ``--memories`` synthetic household turns in process
    (``actor_recall.build_store``: ``Memory.add_turns`` in batches, which embeds
@@ -74,6 +77,33 @@ Usage:
    when it sent its first token: ``to upstream`` is the time until Reverie's
    request reached the upstream (its overhead before the model), ``back`` from
    the upstream's first token to the client's.
+
+4. The memory layer (``--only layer`` runs only this, after 1.). Home
+   Assistant's conversation as its Ollama and Extended OpenAI Conversation
+   integrations send it: its system prompt (the house's instructions, the
+   current time, 20 exposed devices and their states), 8 Hass tools
+   (HassTurnOn, HassLightSet, ..., GetLiveContext), two earlier exchanges,
+   streamed. Each goes straight to the upstream (the same request, the model
+   named as the upstream knows it), through ``/v1/chat/completions`` and
+   through ``/api/chat`` (Ollama's shapes: the calls' ``arguments`` an object,
+   the result a ``role: tool`` message with ``tool_name``), as two turns:
+     plain  a household question: the upstream answers text (tools offered,
+            none called)
+     tool   "Turn on the kitchen light, N": the upstream streams a HassTurnOn
+            call (its arguments in 5 pieces, the first ``--upstream-first-ms``
+            after the request, then one every ``--upstream-token-ms``); the
+            client sends the call and its result back, and the upstream
+            answers text, as for plain. Both legs timed.
+   ``--layer-rounds`` rounds (after 3 not counted) of the 6 turns, their order
+   rotating; every request has its own time in the system prompt (as Home
+   Assistant's has), so no request repeats an earlier conversation (the layer
+   would answer it with the stored reply). After each turn the Recall actor
+   is let finish indexing (as in 3.). ``first`` is the first content or
+   tool-call piece, ``done`` the end of the stream; ``turn`` adds the legs'
+   ``done`` (the client's tool run, none here, not counted); ``to upstream``
+   is until the leg's request reached the upstream. The upstream notes the
+   length of the system message it got (the client's alone, or with Reverie's
+   memory after it), the tools offered and whether the request was streamed.
 
 Its entry point ``tools/bench/http.py`` is named like the standard library's
 ``http`` package; this file keeps its own directory off ``sys.path`` (and so
@@ -148,6 +178,23 @@ class Arrival:
     first_sent: float | None       # when its first content token was written
     body_bytes: int
     system_prompt: bool            # Reverie's requests carry a system message
+    tools: int = 0                 # function tools offered
+    system_chars: int = 0          # length of the system message(s)
+    stream: bool = False           # asked for a streamed answer
+
+
+# The memory-layer case: the upstream calls a tool when tools are offered and the
+# last message is a user message asking for one (it starts with TOOL_ASK).
+TOOL_ASK = "Turn on "
+TOOL_CALL_NAME = "HassTurnOn"
+TOOL_CALL_PIECES = ['{"na', 'me": "', 'Kitchen ', 'Light', '"}']
+
+
+def _calls_tool(body: dict[str, Any]) -> bool:
+    messages = body.get("messages") or []
+    last = messages[-1] if messages else {}
+    return (bool(body.get("tools")) and last.get("role") == "user"
+            and str(last.get("content") or "").startswith(TOOL_ASK))
 
 
 class _UpstreamServer(ThreadingHTTPServer):
@@ -173,9 +220,14 @@ class _UpstreamHandler(BaseHTTPRequestHandler):
         except ValueError:
             body = {}
         messages = body.get("messages") or []
-        arrival = Arrival(arrived, None, len(raw),
-                          any(m.get("role") == "system" for m in messages))
+        systems = [m for m in messages if m.get("role") == "system"]
+        arrival = Arrival(arrived, None, len(raw), bool(systems), len(body.get("tools") or []),
+                          sum(len(str(m.get("content") or "")) for m in systems),
+                          body.get("stream") is True)
         up.record(arrival)
+        if _calls_tool(body):
+            self._tool_call(body, arrived, arrival)
+            return
         words = [f"tok{i} " for i in range(up.tokens)]
         if body.get("stream") is not True:
             payload = json.dumps({
@@ -206,6 +258,51 @@ class _UpstreamHandler(BaseHTTPRequestHandler):
             if i == 0:
                 arrival.first_sent = time.perf_counter()
         self._event(model, {}, "stop")
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+    def _tool_call(self, body: dict[str, Any], arrived: float, arrival: Arrival) -> None:
+        """The model calls ``HassTurnOn``: its arguments in ``TOOL_CALL_PIECES`` pieces,
+        the first ``first_s`` after the request came, then one every ``token_s``
+        (whole after the last one's delay when not streamed)."""
+        up = self.server.upstream
+        model = body.get("model", UPSTREAM_MODEL)
+        call_id = f"call_{int(arrived * 1e6)}"
+        if body.get("stream") is not True:
+            time.sleep(up.first_s + up.token_s * (len(TOOL_CALL_PIECES) - 1))
+            payload = json.dumps({
+                "id": "chatcmpl-bench", "object": "chat.completion", "created": int(time.time()),
+                "model": model,
+                "choices": [{"index": 0, "finish_reason": "tool_calls",
+                             "message": {"role": "assistant", "content": None, "tool_calls": [
+                                 {"id": call_id, "type": "function",
+                                  "function": {"name": TOOL_CALL_NAME,
+                                               "arguments": "".join(TOOL_CALL_PIECES)}}]}}],
+            }).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()
+        self.close_connection = True
+        self._event(model, {"role": "assistant", "content": None}, None)
+        for i, piece in enumerate(TOOL_CALL_PIECES):
+            wait = arrived + up.first_s + i * up.token_s - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            call: dict[str, Any] = {"index": 0, "function": {"arguments": piece}}
+            if i == 0:  # as OpenAI streams a call: id and name in its first chunk
+                call.update(id=call_id, type="function")
+                call["function"]["name"] = TOOL_CALL_NAME
+            self._event(model, {"tool_calls": [call]}, None)
+            if i == 0:
+                arrival.first_sent = time.perf_counter()
+        self._event(model, {}, "tool_calls")
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
 
@@ -721,6 +818,287 @@ def _mean(values: list[int]) -> float:
     return round(sum(values) / len(values), 1) if values else 0.0
 
 
+# -- the memory layer: Home Assistant's conversation, direct and through Reverie --
+
+HA_TOOLS = [
+    ("HassTurnOn", "Turns on/opens/presses a device or entity"),
+    ("HassTurnOff", "Turns off/closes a device or entity"),
+    ("HassLightSet", "Sets the brightness percentage or color of a light"),
+    ("HassClimateSetTemperature", "Sets the desired indoor temperature"),
+    ("HassClimateGetTemperature", "Gets the current temperature of a climate device or entity"),
+    ("HassMediaPause", "Pauses a media player"),
+    ("HassMediaUnpause", "Resumes a media player"),
+    ("GetLiveContext", "Provides real-time information about the CURRENT state, value, or "
+                       "mode of devices, sensors, entities, or areas"),
+]
+
+HA_DEVICES = [
+    ("Kitchen Light", "light", "off", "Kitchen"), ("Kitchen Ceiling", "light", "on", "Kitchen"),
+    ("Living Room Lamp", "light", "on", "Living Room"),
+    ("Living Room TV", "media_player", "paused", "Living Room"),
+    ("Sofa Light", "light", "off", "Living Room"), ("Hall Light", "light", "off", "Hall"),
+    ("Front Door", "lock", "locked", "Hall"), ("Porch Light", "light", "off", "Outside"),
+    ("Bedroom Light", "light", "off", "Bedroom"), ("Bedside Lamp", "light", "on", "Bedroom"),
+    ("Bedroom Blinds", "cover", "closed", "Bedroom"),
+    ("Thermostat", "climate", "heat", "Living Room"),
+    ("Bathroom Fan", "fan", "off", "Bathroom"), ("Bathroom Light", "light", "off", "Bathroom"),
+    ("Office Light", "light", "on", "Office"), ("Office Speaker", "media_player", "idle", "Office"),
+    ("Garage Door", "cover", "closed", "Garage"), ("Washing Machine", "switch", "on", "Utility"),
+    ("Garden Sprinkler", "switch", "off", "Outside"),
+    ("Outdoor Temperature", "sensor", "4.5 °C", "Outside"),
+]
+
+
+def ha_tools() -> list[dict[str, Any]]:
+    """Function tools as Home Assistant's conversation integrations offer them."""
+    params = {"type": "object", "properties": {
+        "name": {"type": "string"}, "area": {"type": "string"},
+        "domain": {"type": "array", "items": {"type": "string"}}}, "required": []}
+    return [{"type": "function",
+             "function": {"name": name, "description": desc, "parameters": params}}
+            for name, desc in HA_TOOLS]
+
+
+def ha_system_prompt(k: int) -> str:
+    """The house's instructions and the exposed devices' states, with the current time
+    (distinct per request, as Home Assistant's carries the time)."""
+    devices = "\n".join(f"- names: {n}\n  domain: {d}\n  state: '{st}'\n  areas: {a}"
+                        for n, d, st, a in HA_DEVICES)
+    return ("You are a voice assistant for Home Assistant.\n"
+            "Answer questions about the world truthfully.\n"
+            "Answer in plain text. Keep it simple and to the point.\n"
+            f"Current time is {k // 3600 % 24:02d}:{k // 60 % 60:02d}:{k % 60:02d}. "
+            "Today's date is 2026-12-02.\n"
+            "When controlling Home Assistant always call the intent tools. Use HassTurnOn "
+            "to lock and HassTurnOff to unlock a lock. When controlling a device, prefer "
+            "passing just name and domain. When controlling an area, prefer passing just "
+            "area name and domain.\n"
+            "Static Context: An overview of the areas and the devices in this smart home:\n"
+            + devices)
+
+
+HA_HISTORY = [
+    {"role": "user", "content": "What's the temperature outside?"},
+    {"role": "assistant", "content": "It is 4.5 degrees outside."},
+    {"role": "user", "content": "Is the front door locked?"},
+    {"role": "assistant", "content": "Yes, the front door is locked."},
+]
+
+
+@dataclass
+class Leg:
+    """One request of a turn: ``first`` the first content or tool-call piece,
+    ``done`` the end of the answer, in ms from sending the request."""
+    first_ms: float
+    done_ms: float
+    to_upstream_ms: float | None
+    calls: list[dict[str, Any]]    # the tool calls, as the client got them
+    content: str
+
+
+def stream_leg(upstream: Upstream, netloc: str, path: str, body: dict[str, Any],
+               headers: dict[str, str]) -> Leg:
+    """POST ``body`` streamed and read the answer: server-sent events (OpenAI) or,
+    for ``/api/chat``, NDJSON lines (Ollama). A fresh connection."""
+    ollama = path == "/api/chat"
+    payload = json.dumps(body).encode()
+    t0 = time.perf_counter()
+    conn = http.client.HTTPConnection(netloc, timeout=120)
+    first: float | None = None
+    calls: dict[int, dict[str, Any]] = {}
+    content: list[str] = []
+    try:
+        conn.request("POST", path, body=payload, headers={"Content-Type": "application/json",
+                                                          **headers})
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise RuntimeError(f"POST {path}: {resp.status} {resp.read()[:300]!r}")
+        while True:
+            line = resp.readline()
+            if not line:
+                break
+            if ollama:
+                if not line.strip():
+                    continue
+                event = json.loads(line)
+                message = event.get("message") or {}
+                text, pieces = message.get("content") or "", message.get("tool_calls") or []
+                for call in pieces:
+                    calls[len(calls)] = call
+                if event.get("done"):
+                    if text:
+                        content.append(text)
+                    first = first or (time.perf_counter() if text or pieces else None)
+                    break
+            else:
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                delta = ((json.loads(data).get("choices") or [{}])[0].get("delta") or {})
+                text, pieces = delta.get("content") or "", delta.get("tool_calls") or []
+                for piece in pieces:
+                    call = calls.setdefault(piece.get("index", 0),
+                                            {"id": None, "type": "function",
+                                             "function": {"name": "", "arguments": ""}})
+                    call["id"] = piece.get("id") or call["id"]
+                    fn = piece.get("function") or {}
+                    call["function"]["name"] += fn.get("name") or ""
+                    call["function"]["arguments"] += fn.get("arguments") or ""
+            if text or pieces:
+                first = first or time.perf_counter()
+                if text:
+                    content.append(text)
+        done = time.perf_counter()
+    finally:
+        conn.close()
+    if first is None:
+        raise RuntimeError(f"POST {netloc}{path}: no content and no tool call in the answer")
+    arrivals = upstream.since(t0)
+    return Leg((first - t0) * 1000, (done - t0) * 1000,
+               (arrivals[0].at - t0) * 1000 if len(arrivals) == 1 else None,
+               [calls[i] for i in sorted(calls)], "".join(content))
+
+
+LAYER_PATHS = {  # name: (path, Reverie's, Ollama's shapes)
+    "upstream": ("/v1/chat/completions", False, False),
+    "reverie_openai": ("/v1/chat/completions", True, False),
+    "reverie_ollama": ("/api/chat", True, True),
+}
+
+
+def measure_layer(settings: Settings, upstream: Upstream, base: str, token: str,
+                  rounds: int, questions: list[str]) -> dict[str, Any]:
+    """Home Assistant's request (its system prompt with ~20 device states, 8 Hass
+    tools, two earlier exchanges) straight to the upstream and through Reverie's
+    memory layer (``/v1/chat/completions``, ``/api/chat``), streamed: a plain answer
+    (tools offered, none called) and a tool-calling turn (the upstream calls
+    HassTurnOn; the client sends the result; the upstream answers text), both
+    legs timed. ``rounds`` rounds after ``TTFT_WARMUP``, the paths' order rotating;
+    each request with its own system prompt time (as Home Assistant's), so no
+    request repeats an earlier conversation."""
+    netloc = urlsplit(base).netloc
+    auth = {"Authorization": f"Bearer {token}"}
+    recall = RecallClient(settings.runtime.namespace)
+    tools = ha_tools()
+    stamp = [0]
+
+    def conversation(question: str) -> list[dict[str, Any]]:
+        stamp[0] += 7
+        return [{"role": "system", "content": ha_system_prompt(stamp[0])}, *HA_HISTORY,
+                {"role": "user", "content": question}]
+
+    def body(name: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+        _, via_reverie, _ = LAYER_PATHS[name]
+        return {"model": "reverie" if via_reverie else UPSTREAM_MODEL, "messages": messages,
+                "tools": tools, "stream": True}
+
+    def leg(name: str, messages: list[dict[str, Any]]) -> Leg:
+        path, via_reverie, _ = LAYER_PATHS[name]
+        return stream_leg(upstream, netloc if via_reverie else upstream.netloc, path,
+                          body(name, messages), auth if via_reverie else {})
+
+    def plain(name: str, question: str) -> dict[str, Leg]:
+        answer = leg(name, conversation(question))
+        if answer.calls or not answer.content:
+            raise RuntimeError(f"{name}: a plain question got {len(answer.calls)} tool calls")
+        return {"answer": answer}
+
+    def tool_turn(name: str, question: str) -> dict[str, Leg]:
+        messages = conversation(question)
+        call = leg(name, messages)
+        if [c["function"]["name"] for c in call.calls] != [TOOL_CALL_NAME]:
+            raise RuntimeError(f"{name}: expected a {TOOL_CALL_NAME} call, got {call.calls}")
+        result = json.dumps({"speech": {}, "response_type": "action_done",
+                             "data": {"success": [{"name": "Kitchen Light", "type": "entity"}],
+                                      "failed": []}})
+        if LAYER_PATHS[name][2]:  # Ollama's shapes: no call ids, tool_name
+            messages += [{"role": "assistant", "content": "", "tool_calls": call.calls},
+                         {"role": "tool", "content": result, "tool_name": TOOL_CALL_NAME}]
+        else:
+            messages += [{"role": "assistant", "content": None, "tool_calls": call.calls},
+                         {"role": "tool", "tool_call_id": call.calls[0]["id"],
+                          "content": result}]
+        answer = leg(name, messages)
+        if answer.calls or not answer.content:
+            raise RuntimeError(f"{name}: the tool result got no text answer")
+        return {"call": call, "answer": answer}
+
+    ops = [(name, kind) for kind in ("plain", "tool") for name in LAYER_PATHS]
+    got: dict[tuple[str, str], list[dict[str, Leg]]] = {op: [] for op in ops}
+    c.log(f"  memory layer: {TTFT_WARMUP} + {rounds} rounds of {len(ops)} turns")
+    t_start = time.perf_counter()
+    for k in range(TTFT_WARMUP + rounds):
+        q = questions[k % len(questions)]
+        for name, kind in ops[k % len(ops):] + ops[:k % len(ops)]:
+            legs = (plain(name, q) if kind == "plain"
+                    else tool_turn(name, f"{TOOL_ASK}the kitchen light, {k}"))
+            if k >= TTFT_WARMUP:
+                got[(name, kind)].append(legs)
+            recall.pending()  # the Recall actor idle again, as between a hub's turns
+    arrivals = upstream.since(t_start)
+
+    res: dict[str, Any] = {}
+    for (name, kind), runs in got.items():
+        out: dict[str, Any] = {}
+        for part in runs[0]:
+            out[part] = {
+                "first": c.lat_summary([r[part].first_ms for r in runs]),
+                "done": c.lat_summary([r[part].done_ms for r in runs]),
+                "to_upstream": c.lat_summary([ms for r in runs
+                                              if (ms := r[part].to_upstream_ms) is not None])}
+        out["turn"] = c.lat_summary([sum(leg.done_ms for leg in r.values()) for r in runs])
+        res[f"{kind}_{name}"] = out
+    client_prompt = len(ha_system_prompt(0))  # the same length whatever the time
+    res["upstream_requests"] = {
+        "reverie_system_chars_mean": _mean([a.system_chars for a in arrivals
+                                            if a.system_chars > client_prompt]),
+        "direct_system_chars_mean": _mean([a.system_chars for a in arrivals
+                                           if a.system_chars <= client_prompt]),
+        "tools_offered": sorted({a.tools for a in arrivals}),
+        "streamed_share": round(sum(a.stream for a in arrivals) / max(len(arrivals), 1), 3)}
+    return res
+
+
+def report_layer(res: dict[str, Any]) -> None:
+    lay = res["layer"]
+    p = res["params"]
+    rows = []
+    for kind, label in (("plain", "plain answer"), ("tool", "tool call, then the answer")):
+        up = lay[f"{kind}_upstream"]
+        for name, path_label in (("upstream", "upstream direct"),
+                                 ("reverie_openai", "Reverie /v1/chat/completions"),
+                                 ("reverie_ollama", "Reverie /api/chat")):
+            s = lay[f"{kind}_{name}"]
+            call = s.get("call")
+            rows.append([label, path_label, s["turn"]["n"],
+                         call["first"]["p50_ms"] if call else "-",
+                         call["done"]["p50_ms"] if call else "-",
+                         call["to_upstream"]["p50_ms"] if call else "-",
+                         s["answer"]["first"]["p50_ms"], s["answer"]["first"]["p99_ms"],
+                         s["answer"]["done"]["p50_ms"], s["turn"]["p50_ms"],
+                         s["turn"]["p99_ms"],
+                         round(s["turn"]["p50_ms"] - up["turn"]["p50_ms"], 1),
+                         s["answer"]["to_upstream"]["p50_ms"]])
+    print()
+    print(f"Memory layer: Home Assistant's request ({len(HA_DEVICES)} device states, "
+          f"{len(HA_TOOLS)} tools, {len(HA_HISTORY)} messages of history), upstream first "
+          f"token after {p['upstream_first_ms']:g} ms, then one every "
+          f"{p['upstream_token_ms']:g} ms")
+    print(c.table(["turn", "path", "n", "call first p50", "call done p50",
+                   "call to upstream p50", "ttft p50",
+                   "ttft p99", "answer done p50", "turn p50", "turn p99", "turn overhead p50",
+                   "answer to upstream p50"], rows))
+    ur = lay["upstream_requests"]
+    print("(ms from sending each request; turn: the legs' done times added, the client's "
+          "tool run not counted; overhead: turn p50 - upstream direct's)")
+    print(f"system message the upstream got: {ur['reverie_system_chars_mean']:,.0f} chars "
+          f"through Reverie, {ur['direct_system_chars_mean']:,.0f} direct; tools offered "
+          f"{ur['tools_offered']}; share of upstream requests streamed "
+          f"{ur['streamed_share']:.0%}")
+
+
 # -- report ---------------------------------------------------------------------
 
 RECALL_ROWS = [
@@ -818,6 +1196,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--upstream-tokens", type=int, default=20, help="tokens per reply")
     ap.add_argument("--batch", type=int, default=256, help="Memory.add_turns batch when building")
     ap.add_argument("--seed", type=int, default=SEED, help="corpus seed")
+    ap.add_argument("--layer-rounds", type=int, default=12,
+                    help="memory-layer rounds (after 3 not counted), each of 6 turns")
+    ap.add_argument("--only", choices=["all", "layer"], default="all",
+                    help="layer: only the memory-layer case (no recall, no plain streaming)")
     ap.add_argument("--json", dest="json_out", default=None, help="write the figures here")
     args = ap.parse_args(argv)
     json_out = os.path.abspath(args.json_out) if args.json_out else None
@@ -836,11 +1218,13 @@ def main(argv: list[str] | None = None) -> int:
         texts = {t.content for t in c.household_turns(args.memories, seed=args.seed,
                                                        start=CORPUS_START, span_days=SPAN_DAYS)}
         n_ttft = args.ttft_requests + TTFT_WARMUP
-        all_q = c.household_queries(args.warmup + args.queries + n_ttft, seed=QUERY_SEED,
-                                    avoid=list(texts))
+        n_layer = args.layer_rounds + TTFT_WARMUP
+        all_q = c.household_queries(args.warmup + args.queries + n_ttft + n_layer,
+                                    seed=QUERY_SEED, avoid=list(texts))
         warmup = all_q[:args.warmup]
         queries = all_q[args.warmup:args.warmup + args.queries]
-        ttft_queries = all_q[args.warmup + args.queries:]
+        ttft_queries = all_q[args.warmup + args.queries:-n_layer]
+        layer_queries = all_q[-n_layer:]
         settings = c.make_settings(
             data_dir, http={"port": 0},
             llm={"providers": [{"name": UPSTREAM_NAME, "base_url": upstream.base_url,
@@ -859,15 +1243,18 @@ def main(argv: list[str] | None = None) -> int:
                     raise RuntimeError("the HTTP server is not listening (see reverie status)")
                 token = token_path(settings).read_text().strip()
                 c.log(f"  actors ready in {res['actors_ready_s']:.1f} s, HTTP at {base}")
-                memory = Memory(settings)
-                memory.embedder.embed(["warm up"])
-                try:
-                    res["recall"] = measure_recall(
-                        settings, memory, base, token, queries, warmup, args.block, modes,
-                        min(args.mcp_session_calls, len(queries)))
-                finally:
-                    memory.close()
-                res["ttft"] = measure_ttft(settings, upstream, base, token, ttft_queries)
+                if args.only == "all":
+                    memory = Memory(settings)
+                    memory.embedder.embed(["warm up"])
+                    try:
+                        res["recall"] = measure_recall(
+                            settings, memory, base, token, queries, warmup, args.block,
+                            modes, min(args.mcp_session_calls, len(queries)))
+                    finally:
+                        memory.close()
+                    res["ttft"] = measure_ttft(settings, upstream, base, token, ttft_queries)
+                res["layer"] = measure_layer(settings, upstream, base, token,
+                                             args.layer_rounds, layer_queries)
             finally:
                 c.stop_runtime(sup)
     finally:
@@ -881,11 +1268,30 @@ def main(argv: list[str] | None = None) -> int:
                      "upstream_first_ms": args.upstream_first_ms,
                      "upstream_token_ms": args.upstream_token_ms,
                      "upstream_tokens": args.upstream_tokens, "concurrency": CONCURRENCY,
+                     "only": args.only, "layer_rounds": args.layer_rounds,
                      "seed": args.seed, "query_seed": QUERY_SEED}
     res["loadavg_before"] = load_before
     res["loadavg_after"] = c.loadavg()
-    report(res, modes)
+    if args.only == "all":
+        report(res, modes)
+    report_layer(res)
     wall_s = time.perf_counter() - wall
+    lay = res["layer"]
+    print(f"\nSUMMARY http layer: Home Assistant's turn p50, upstream direct / Reverie "
+          f"/v1/chat/completions / /api/chat: plain answer ttft "
+          f"{lay['plain_upstream']['answer']['first']['p50_ms']:.0f} / "
+          f"{lay['plain_reverie_openai']['answer']['first']['p50_ms']:.0f} / "
+          f"{lay['plain_reverie_ollama']['answer']['first']['p50_ms']:.0f} ms, whole "
+          f"{lay['plain_upstream']['turn']['p50_ms']:.0f} / "
+          f"{lay['plain_reverie_openai']['turn']['p50_ms']:.0f} / "
+          f"{lay['plain_reverie_ollama']['turn']['p50_ms']:.0f} ms; tool turn (both legs) "
+          f"{lay['tool_upstream']['turn']['p50_ms']:.0f} / "
+          f"{lay['tool_reverie_openai']['turn']['p50_ms']:.0f} / "
+          f"{lay['tool_reverie_ollama']['turn']['p50_ms']:.0f} ms; wall {wall_s:.0f} s")
+    if args.only == "layer":
+        c.write_json(json_out, {"benchmark": "http", "machine": c.machine(),
+                                "wall_s": round(wall_s, 1), **res})
+        return 0
     rec, tt = res["recall"], res["ttft"]
     print(f"\nSUMMARY http: recall p50 in-process {rec['inproc']['p50_ms']:.1f} / actors "
           f"{rec['actor']['p50_ms']:.1f} / HTTP {rec['http']['p50_ms']:.1f} / MCP "
