@@ -27,8 +27,8 @@ it comes in the last chunk (the one with ``finish_reason``).
 
 Streamed (``"stream": true``), the reply goes out as server-sent events, each
 piece as soon as the upstream sends it, then ``data: [DONE]``. With ``tools``
-the upstream is asked for the whole answer (its tool calls are read whole),
-which then goes out as the same events. Errors found
+the upstream streams too; each tool call goes out as ``delta.tool_calls``
+once the upstream's pieces of it are in. Errors found
 before the first piece (unknown channel, bad input) are plain HTTP errors; the
 stored reply is written even when the client leaves half-way.
 """
