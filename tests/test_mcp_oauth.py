@@ -410,6 +410,16 @@ def test_an_oauth_caller_gets_no_other_persons_sensitive_memory(served: Served) 
     house = provider(served.base, storage, Person(served.base, served.api.token))
     assert not {ana_ref, ben_ref} & refs(house, "recall", query)
     assert not {ana_ref, ben_ref} & refs(house, "timeline", window)
+    # ... and forgets only what it may be told: Ben's memory is "not there" for
+    # Ana's client, as a memory that does not exist is, and stays
+    refused = call(served.base, ana, "forget", {"ref": ben_ref})
+    missing = call(served.base, ana, "forget", {"ref": "fact:999999"})
+    kind, number = ben_ref.split(":")
+    assert refused.is_error and text(refused) == f"forget {ben_ref}: no {kind} {number}"
+    assert missing.is_error and text(missing) == "forget fact:999999: no fact 999999"
+    assert backend.get(ben_ref).text == BEN_SECRET
+    forgot = call(served.base, ana, "forget", {"ref": ana_ref})
+    assert not forgot.is_error, text(forgot)
 
 
 def test_the_approval_form_needs_the_login_and_its_csrf_token(served: Served) -> None:

@@ -32,7 +32,8 @@ caller is told follows the privacy tier (:mod:`runtime.memories.privacy`): an
 OAuth client is bound to the audience its approver chose, and ``recall`` and
 ``timeline`` leave out every memory :func:`~runtime.memories.privacy.may_use`
 refuses it (another person's sensitive memories; for a client approved for the
-household as a whole, every person's). The admin bearer token is the
+household as a whole, every person's), and ``forget`` answers such a memory as
+one that does not exist. The admin bearer token is the
 household's administrator: it sees everything. The SDK's own Host/Origin
 check is off: the hub is reached by its LAN address and the token already
 keeps a rebinding page out.
@@ -65,7 +66,7 @@ from actors.http.backend import Backend
 from actors.http.oauth import AUDIENCE_KEY
 from actors.messages import MAX_TURN_CHARS, BrowseMemories, Recall, Status
 from runtime.config import Settings
-from runtime.memories.privacy import Audience, for_audience
+from runtime.memories.privacy import Audience, for_audience, may_use
 from runtime.time.clock import household_zone
 
 if TYPE_CHECKING:
@@ -391,6 +392,12 @@ class Tools:
     async def _forget(self, args: ForgetArgs,
                       who: Audience | None = None) -> tuple[str, ForgetAnswer]:
         ref = args.ref.strip()
+        if who is not None:  # an OAuth client forgets only what it may be told
+            seen = await self._call("forget", lambda: self.backend.get(ref),
+                                    label=f"forget {ref}")
+            if not may_use(who, seen.sensitive, seen.person):
+                # the answer for a memory that does not exist: nothing told of it
+                raise ToolFailure(f"forget {ref}: no {seen.kind} {seen.item_id}")
         detail = await self._call("forget", lambda: self.backend.change(ref, "delete"),
                                   writes=True, label=f"forget {ref}")
         return f"Forgot {ref}: {detail}.", ForgetAnswer(ref=ref, detail=detail)
