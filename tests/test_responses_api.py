@@ -12,7 +12,6 @@ user's words name ("turn on the kitchen light": HassTurnOn)."""
 from __future__ import annotations
 
 import json
-import sqlite3
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,12 +22,12 @@ import openai
 import pydantic
 import pytest
 from fake_openai import FakeOpenAI, Mode
-from http_runtime import Api, http_runtime
+from http_runtime import Api
 from openai.types.responses import Response, ResponseStreamEvent
+from voice_layer import layer_runtime, remember, requests_since, tool_calls_of, turns
 
-from actors.handles import TranscriptClient
 from actors.http.responses import ResponsesRequest, Shell, output_of, stream_events
-from actors.messages import ClientToolCall, RecentTurns, TurnDelta, TurnReply
+from actors.messages import ClientToolCall, TurnDelta, TurnReply
 
 NS = "test-responses-api"
 
@@ -68,13 +67,8 @@ def upstream() -> Iterator[FakeOpenAI]:
 @pytest.fixture(scope="module")
 def api(ray_instance: str, upstream: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory,
         model_cache: Path) -> Iterator[Api]:
-    channels = {"chat": {}, "voice": {"spoken": True}, "cli": {},
-                "dmn": {"seed": False, "background": True}, "ha": {}}
-    with http_runtime(NS, tmp_path_factory.mktemp("responses-data"), model_cache,
-                      llm={"providers": [{"name": "local", "base_url": upstream.base_url,
-                                          "model": "tiny", "timeout_s": 30}]},
-                      http={"models": {"memory-only": "offline"}},
-                      channels=channels) as started:
+    with layer_runtime(NS, tmp_path_factory.mktemp("responses-data"), model_cache, upstream,
+                       models={"memory-only": "offline"}, channels={"ha": {}}) as started:
         yield started
 
 
@@ -91,31 +85,6 @@ def client(api: Api) -> openai.OpenAI:
 HA = {"X-Reverie-Channel": "ha"}
 
 
-def remember(api: Api, text: str) -> None:
-    r = httpx.post(f"{api.base}/v1/memories", json={"text": text},
-                   headers={"Authorization": f"Bearer {api.token}"}, timeout=60)
-    assert r.status_code == 201, r.text
-
-
-def turns(channel: str) -> list[Any]:
-    transcript = TranscriptClient(NS)
-    transcript.flush()
-    return transcript.recent(RecentTurns(channel=channel, limit=200)).turns
-
-
-def tool_calls_of(api: Api, turn_id: int) -> list[tuple[str, Any, str | None]]:
-    TranscriptClient(NS).flush()
-    path = api.settings.store.resolved_dir / api.settings.store.file
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-        rows = db.execute("SELECT name, arguments, result FROM tool_calls "
-                          "WHERE transcript_id = ? ORDER BY id", (turn_id,)).fetchall()
-    return [(name, json.loads(arguments), result) for name, arguments, result in rows]
-
-
-def sent_since(upstream: FakeOpenAI, count: int) -> list[dict[str, Any]]:
-    return [r.body for r in upstream.requests[count:]]
-
-
 def reverie(response: Any) -> dict[str, Any]:
     return dict((response.model_extra or {})["reverie"])
 
@@ -129,7 +98,7 @@ def test_instructions_and_tools_arrive_upstream_with_memory_added(
         max_output_tokens=200, input="Why is the porch light on at night?", extra_headers=HA)
     assert response.status == "completed"
     assert response.output_text == "echo: Why is the porch light on at night?"
-    [sent] = sent_since(upstream, before)
+    [sent] = requests_since(upstream, before)
     system = sent["messages"][0]
     assert system["role"] == "system"
     assert system["content"].startswith(HA_PROMPT)  # the client's own prompt, unchanged
@@ -167,7 +136,7 @@ def test_a_function_call_comes_back_and_its_output_continues_the_turn(
     assert second.output_text == f"tool said: {RESULT}"
     assert [item.type for item in second.output] == ["message"]
 
-    opening, going_on = sent_since(upstream, before)
+    opening, going_on = requests_since(upstream, before)
     assert going_on["messages"][0] == opening["messages"][0]  # the same memory context
     assert "Marta" not in going_on["messages"][0]["content"]
     assert going_on["messages"][-2]["tool_calls"] == [
@@ -176,12 +145,12 @@ def test_a_function_call_comes_back_and_its_output_continues_the_turn(
     assert going_on["messages"][-1] == {"role": "tool", "tool_call_id": call.call_id,
                                         "content": RESULT}
 
-    rows = turns("ha")
+    rows = turns(NS, "ha")
     assert [r.content for r in rows].count(asked) == 1  # the user's turn, once
     assert not any(r.role == "user" and RESULT in r.content for r in rows)
     [reply] = [r for r in rows if r.role == "assistant" and r.content == f"tool said: {RESULT}"]
     assert reverie(second)["reply_id"] == reply.id
-    assert tool_calls_of(api, reply.id) == [("HassTurnOn", json.loads(call.arguments), RESULT)]
+    assert tool_calls_of(NS, api, reply.id) == [("HassTurnOn", json.loads(call.arguments), RESULT)]
 
 
 def test_streamed_a_function_call_and_the_continuation_come_as_responses_events(
@@ -221,7 +190,7 @@ def test_streamed_a_function_call_and_the_continuation_come_as_responses_events(
     assert completed.type == "response.completed"
     assert completed.response.output_text == text
     assert reverie(completed.response)["reply_id"]
-    [going_on] = sent_since(upstream, before)
+    [going_on] = requests_since(upstream, before)
     assert going_on["messages"][-1] == {"role": "tool", "tool_call_id": call.call_id,
                                         "content": RESULT}
 
@@ -249,14 +218,14 @@ def test_the_same_input_twice_writes_no_duplicate_turn(
     before = len(upstream.requests)
     first = client.responses.create(model="reverie", instructions=HA_PROMPT,
                                     input=conversation, extra_headers=HA)
-    [sent] = sent_since(upstream, before)
+    [sent] = requests_since(upstream, before)
     assert [m["content"] for m in sent["messages"][1:]] == [m["content"] for m in conversation]
     again = client.responses.create(model="reverie", instructions=HA_PROMPT,
                                     input=conversation, extra_headers=HA)
     assert len(upstream.requests) == before + 1  # the model not asked again
     assert again.output_text == first.output_text
     assert reverie(again)["reply_id"] == reverie(first)["reply_id"]
-    said = [r.content for r in turns("ha") if tag in r.content]
+    said = [r.content for r in turns(NS, "ha") if tag in r.content]
     assert said == [asked, first.output_text]
     alone = client.responses.create(model="memory-only", input=asked, extra_headers=HA)
     assert alone.status == "completed"  # a string input of any length up to the body limit

@@ -12,20 +12,16 @@ user's words name ("turn on the kitchen light": HassTurnOn)."""
 from __future__ import annotations
 
 import json
-import sqlite3
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
-import httpx
 import openai
 import pytest
 from fake_openai import FakeOpenAI, Mode
-from http_runtime import Api, http_runtime
-
-from actors.handles import TranscriptClient
-from actors.messages import RecentTurns
+from http_runtime import Api
+from voice_layer import layer_runtime, remember, requests_since, tool_calls_of, turns
 
 NS = "test-voice-layer"
 
@@ -78,14 +74,9 @@ def upstream() -> Iterator[FakeOpenAI]:
 @pytest.fixture(scope="module")
 def api(ray_instance: str, upstream: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory,
         model_cache: Path) -> Iterator[Api]:
-    channels = {"chat": {}, "voice": {"spoken": True}, "cli": {},
-                "dmn": {"seed": False, "background": True},
-                "ha": {}, "plain": {"passthrough": False}}
-    with http_runtime(NS, tmp_path_factory.mktemp("layer-data"), model_cache,
-                      llm={"providers": [{"name": "local", "base_url": upstream.base_url,
-                                          "model": "tiny", "timeout_s": 30}]},
-                      http={"models": {"memory-only": "offline"}},
-                      channels=channels) as started:
+    with layer_runtime(NS, tmp_path_factory.mktemp("layer-data"), model_cache, upstream,
+                       models={"memory-only": "offline"},
+                       channels={"ha": {}, "plain": {"passthrough": False}}) as started:
         yield started
 
 
@@ -101,31 +92,6 @@ def client(api: Api) -> openai.OpenAI:
 
 def on(channel: str) -> dict[str, str]:
     return {"X-Reverie-Channel": channel}
-
-
-def remember(api: Api, text: str) -> None:
-    r = httpx.post(f"{api.base}/v1/memories", json={"text": text},
-                   headers={"Authorization": f"Bearer {api.token}"}, timeout=60)
-    assert r.status_code == 201, r.text
-
-
-def turns(channel: str) -> list[Any]:
-    transcript = TranscriptClient(NS)
-    transcript.flush()
-    return transcript.recent(RecentTurns(channel=channel, limit=200)).turns
-
-
-def tool_calls_of(api: Api, turn_id: int) -> list[tuple[str, Any, str | None]]:
-    TranscriptClient(NS).flush()
-    path = api.settings.store.resolved_dir / api.settings.store.file
-    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-        rows = db.execute("SELECT name, arguments, result FROM tool_calls "
-                          "WHERE transcript_id = ? ORDER BY id", (turn_id,)).fetchall()
-    return [(name, json.loads(arguments), result) for name, arguments, result in rows]
-
-
-def requests_since(upstream: FakeOpenAI, count: int) -> list[dict[str, Any]]:
-    return [r.body for r in upstream.requests[count:]]
 
 
 def test_the_prompt_and_tools_arrive_upstream_unchanged_with_memory_added(
@@ -195,13 +161,13 @@ def test_a_tool_call_goes_back_and_its_result_continues_the_turn(
     assert going_on["messages"][-1] == {"role": "tool", "tool_call_id": call.id,
                                         "content": HA_RESULT}
 
-    rows = turns("ha")
+    rows = turns(NS, "ha")
     assert [r.content for r in rows].count(asked) == 1  # the user's turn, once
     assert not any(r.role == "user" and HA_RESULT in r.content for r in rows)  # nor a result
     [reply] = [r for r in rows if r.role == "assistant" and r.content == f"tool said: {HA_RESULT}"]
     extension = (second.model_extra or {})["reverie"]
     assert extension["reply_id"] == reply.id
-    assert tool_calls_of(api, reply.id) == [
+    assert tool_calls_of(NS, api, reply.id) == [
         ("HassTurnOn", json.loads(call.function.arguments), HA_RESULT)]
 
 
@@ -259,7 +225,7 @@ def test_the_clients_history_is_the_context_and_is_never_written_twice(
     assert again.choices[0].message.content == second.choices[0].message.content
     assert (again.model_extra or {})["reverie"]["reply_id"] == \
         (second.model_extra or {})["reverie"]["reply_id"]
-    said = [r.content for r in turns(channel) if tag in r.content]
+    said = [r.content for r in turns(NS, channel) if tag in r.content]
     assert said == [opening, answer, f"And the stairs {tag}?",
                     second.choices[0].message.content]
 
@@ -292,7 +258,7 @@ def test_a_passthrough_false_channel_behaves_as_before(client: openai.OpenAI,
         assert tag not in sent["messages"][0]["content"]  # the client's prompt ignored
         assert f"Earlier words {tag}." not in [m["content"] for m in sent["messages"]]
     # no request id of its own: each request is a turn, as before
-    assert [r.content for r in turns("plain")].count(f"Turn on the kitchen light {tag}") == 2
+    assert [r.content for r in turns(NS, "plain")].count(f"Turn on the kitchen light {tag}") == 2
 
 
 def test_a_tool_that_is_not_a_function_is_a_clear_400(client: openai.OpenAI) -> None:

@@ -33,7 +33,8 @@ from urllib.parse import urlsplit
 import ollama
 import pytest
 from fake_openai import FakeOpenAI
-from http_runtime import Api, http_runtime
+from http_runtime import Api
+from voice_layer import layer_runtime, remember, turns
 
 NS = "test-voice-ollama"
 
@@ -49,13 +50,9 @@ def upstream() -> Iterator[FakeOpenAI]:
 @pytest.fixture(scope="module")
 def api(ray_instance: str, upstream: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory,
         model_cache: Path) -> Iterator[Api]:
-    with http_runtime(NS, tmp_path_factory.mktemp("voice-ollama"), model_cache,
-                      llm={"providers": [{"name": "local", "base_url": upstream.base_url,
-                                          "model": "tiny", "timeout_s": 30}]},
-                      http={"models": {"quick": "offline"}},
-                      channels={"chat": {}, "voice": {"spoken": True}, "cli": {},
-                                "dmn": {"seed": False, "background": True},
-                                "legacy": {"passthrough": False}}) as started:
+    with layer_runtime(NS, tmp_path_factory.mktemp("voice-ollama"), model_cache, upstream,
+                       models={"quick": "offline"},
+                       channels={"legacy": {"passthrough": False}}) as started:
         yield started
 
 
@@ -258,20 +255,6 @@ def ha_chat(api: Api, messages: list[dict[str, Any]], model: str = "tiny:latest"
     return asyncio.run(run())
 
 
-def remember(api: Api, text: str) -> None:
-    status, _ = _post(api, "/v1/memories", json.dumps({"text": text}).encode(), api.token)
-    assert status == 201
-
-
-def stored(channel: str = "chat") -> list[Any]:
-    from actors.handles import TranscriptClient
-    from actors.messages import RecentTurns
-
-    transcript = TranscriptClient(NS)
-    transcript.flush()
-    return transcript.recent(RecentTurns(channel=channel, limit=200)).turns
-
-
 def test_ha_prompt_and_tools_go_upstream_a_tool_call_comes_back_and_its_result_goes_on(
         api: Api, upstream: FakeOpenAI) -> None:
     remember(api, "The kitchen light is the lamp over the sink.")
@@ -316,7 +299,7 @@ def test_ha_prompt_and_tools_go_upstream_a_tool_call_comes_back_and_its_result_g
     assert json.loads(call["tool_calls"][0]["function"]["arguments"]) == {
         "name": "kitchen light"}
 
-    said = [t.content for t in stored()]
+    said = [t.content for t in turns(NS, "chat")]
     assert said.count("Turn on the kitchen light") == 1
     assert said.count(reply) == 1
     assert result not in said  # the tool's result is no user turn
@@ -354,7 +337,7 @@ def test_the_same_history_twice_writes_no_duplicate_turn(api: Api,
     assert [m["content"] for m in sent[1:]] == [m["content"] for m in history[1:]]
     again = client(api).chat(model="tiny", stream=False, messages=history)
     assert again.message.content == first.message.content
-    said = [t.content for t in stored()]
+    said = [t.content for t in turns(NS, "chat")]
     assert said.count("And how long has it been on?") == 1
     assert said.count(first.message.content) == 1
     assert "Is the porch light on?" not in said  # history is context, not written again
@@ -407,8 +390,8 @@ def test_a_channel_with_passthrough_off_keeps_only_the_last_message(
 ])
 def test_a_malformed_conversation_is_a_400_saying_why(api: Api, messages: list[Any],
                                                       why: str) -> None:
-    before = len(stored())
+    before = len(turns(NS, "chat"))
     status, answer = _post(api, "/api/chat", json.dumps(
         {"model": "tiny", "stream": False, "messages": messages}).encode(), api.token)
     assert status == 400 and why in answer["error"]
-    assert len(stored()) == before  # nothing written
+    assert len(turns(NS, "chat")) == before  # nothing written

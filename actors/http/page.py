@@ -444,6 +444,17 @@ def install(app: Any, settings: Settings, backend: Backend) -> None:
                     'memories</a></p>', why=why)
         return page(request, "Refused", body, status=403, logged_in=False)
 
+    async def checked_form(request: Request) -> dict[str, str] | Response:
+        """The form of a change, or the refusal: it must come from this site
+        and carry this login's CSRF token."""
+        if not same_origin(request.headers):
+            return refused(request, "This form was sent from another site.")
+        form = await form_of(request)
+        if not auth_of(request).csrf_ok(form.get("csrf")):
+            return refused(request, "This form is stale or was not sent by this page; "
+                                    "reload the page and try again.")
+        return form
+
     def here(request: Request) -> str:
         query = request.url.query
         return request.url.path + (f"?{query}" if query else "")
@@ -651,12 +662,9 @@ def install(app: Any, settings: Settings, backend: Backend) -> None:
 
     @app.post("/memories/{ref}/{action}", include_in_schema=False)
     async def act(request: Request, ref: str, action: str) -> Response:
-        if not same_origin(request.headers):
-            return refused(request, "This form was sent from another site.")
-        form = await form_of(request)
-        if not auth_of(request).csrf_ok(form.get("csrf")):
-            return refused(request, "This form is stale or was not sent by this page; "
-                                    "reload the page and try again.")
+        form = await checked_form(request)
+        if isinstance(form, Response):
+            return form
         if action not in ACTIONS:
             return trouble(request, ValueError(f"unknown change {action!r}"))
         back = local_path(form.get("back"))
@@ -724,12 +732,9 @@ def install(app: Any, settings: Settings, backend: Backend) -> None:
 
     @app.post("/oauth/apps/disconnect", include_in_schema=False)
     async def disconnect(request: Request) -> Response:
-        if not same_origin(request.headers):
-            return refused(request, "This form was sent from another site.")
-        form = await form_of(request)
-        if not auth_of(request).csrf_ok(form.get("csrf")):
-            return refused(request, "This form is stale or was not sent by this page; "
-                                    "reload the page and try again.")
+        form = await checked_form(request)
+        if isinstance(form, Response):
+            return form
         if oauth_of(request).store.revoke(form.get("grant", ""), grant=True):
             log.info("memory page: an app was disconnected")
         return RedirectResponse("/oauth/apps", status_code=303)
@@ -738,12 +743,9 @@ def install(app: Any, settings: Settings, backend: Backend) -> None:
     async def approve(request: Request) -> Response:
         from mcp.server.auth.provider import construct_redirect_uri
 
-        if not same_origin(request.headers):
-            return refused(request, "This form was sent from another site.")
-        form = await form_of(request)
-        if not auth_of(request).csrf_ok(form.get("csrf")):
-            return refused(request, "This form is stale or was not sent by this page; "
-                                    "reload the page and try again.")
+        form = await checked_form(request)
+        if isinstance(form, Response):
+            return form
         person = form.get("person", "").strip() or None
         if person is not None and person_key(person) not in {
                 person_key(p) for p in settings.household.people}:
