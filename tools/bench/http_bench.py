@@ -237,17 +237,9 @@ class _UpstreamHandler(BaseHTTPRequestHandler):
                              "message": {"role": "assistant", "content": "".join(words)}}],
             }).encode()
             time.sleep(up.first_s + up.token_s * max(up.tokens - 1, 0))
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            self._whole(payload)
             return
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.end_headers()  # HTTP/1.0: the body ends when the connection closes
-        self.close_connection = True
+        self._start_stream()
         model = body.get("model", UPSTREAM_MODEL)
         self._event(model, {"role": "assistant", "content": ""}, None)
         for i, word in enumerate(words):
@@ -260,6 +252,22 @@ class _UpstreamHandler(BaseHTTPRequestHandler):
         self._event(model, {}, "stop")
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
+
+    def _whole(self, payload: bytes) -> None:
+        """A whole (not streamed) answer."""
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def _start_stream(self) -> None:
+        """The head of a streamed answer (server-sent events)."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.end_headers()  # HTTP/1.0: the body ends when the connection closes
+        self.close_connection = True
 
     def _tool_call(self, body: dict[str, Any], arrived: float, arrival: Arrival) -> None:
         """The model calls ``HassTurnOn``: its arguments in ``TOOL_CALL_PIECES`` pieces,
@@ -279,17 +287,9 @@ class _UpstreamHandler(BaseHTTPRequestHandler):
                                   "function": {"name": TOOL_CALL_NAME,
                                                "arguments": "".join(TOOL_CALL_PIECES)}}]}}],
             }).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(payload)))
-            self.end_headers()
-            self.wfile.write(payload)
+            self._whole(payload)
             return
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Cache-Control", "no-cache")
-        self.end_headers()
-        self.close_connection = True
+        self._start_stream()
         self._event(model, {"role": "assistant", "content": None}, None)
         for i, piece in enumerate(TOOL_CALL_PIECES):
             wait = arrived + up.first_s + i * up.token_s - time.perf_counter()
