@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -121,45 +123,72 @@ class Notifier:
     while one notification is still pending, further ones are coalesced, so a
     burst of writes never piles thousands of calls on the Recall actor.
     ``send`` submits one notification and returns its object ref (for example
-    :meth:`actors.handles.RecallClient.sync_some_async`)."""
+    :meth:`actors.handles.RecallClient.sync_some_async`).
 
-    def __init__(self, send: Callable[[], Any], what: str) -> None:
+    A notification held back while one was in flight goes out as soon as that
+    one returns, from the notifier's own thread: the last write of a burst is
+    indexed without waiting for a later write (or a :meth:`flush`). Calling the
+    notifier never blocks; the thread starts with the first notification and
+    sleeps on a condition between them. A notification still unanswered after
+    ``wait_s`` (a Recall actor that hangs) counts as returned, so a held-back
+    one is sent anyway: at most one call every ``wait_s`` to a stuck actor."""
+
+    def __init__(self, send: Callable[[], Any], what: str, wait_s: float = 60.0) -> None:
         self.send = send
         self.what = what
-        self._pending: Any = None
-        self._again = False
+        self.wait_s = wait_s
+        self._cond = threading.Condition()
+        self._wanted = False  # a notification is due and not sent yet
+        self._busy = False  # one is being sent or is in flight
+        self._thread: threading.Thread | None = None
 
     def __call__(self) -> None:
-        if self._pending is not None:
-            ready, _ = ray.wait([self._pending], timeout=0)
-            if not ready:
-                self._again = True
-                return
-            self._collect()
-        self._send()
+        with self._cond:
+            self._wanted = True
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name=f"notify-{self.what}")
+                self._thread.start()
+            self._cond.notify_all()
 
-    def _collect(self) -> None:
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._wanted:
+                    self._cond.wait()
+                self._wanted = False
+                self._busy = True
+            try:
+                self._send_and_wait()
+            finally:
+                with self._cond:
+                    self._busy = False
+                    self._cond.notify_all()
+
+    def _send_and_wait(self) -> None:
         try:
-            ray.get(self._pending, timeout=0)
+            pending = self.send()
+        except Exception as exc:  # logged, never raised: the next sync catches up
+            log.warning("cannot send %s: %s", self.what, type(exc).__name__)
+            return
+        if pending is None:
+            return
+        try:
+            ready, _ = ray.wait([pending], timeout=self.wait_s)
+            if not ready:
+                log.warning("%s notification unanswered after %.0f s", self.what, self.wait_s)
+                return
+            ray.get(pending, timeout=0)
         except Exception as exc:  # logged, never raised: the next sync catches up
             log.warning("%s notification failed: %s", self.what, type(exc).__name__)
-        self._pending = None
-
-    def _send(self) -> None:
-        try:
-            self._pending = self.send()
-        except Exception as exc:
-            log.warning("cannot send %s: %s", self.what, type(exc).__name__)
-            self._pending = None
-        self._again = False
 
     def flush(self, timeout: float = 30.0) -> None:
-        """Wait for the pending notification; send the coalesced one if any."""
-        if self._pending is not None:
-            ray.wait([self._pending], timeout=timeout)
-            self._collect()
-        if self._again:
-            self._send()
-            if self._pending is not None:
-                ray.wait([self._pending], timeout=timeout)
-                self._collect()
+        """Wait (at most ``timeout`` seconds) until every notification asked
+        for has been sent and answered."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._wanted or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._cond.wait(left)
