@@ -188,11 +188,13 @@ class EpisodeService:
 
     def purge_tombstones(self, writer: str = WRITER, now: float | None = None) -> int:
         """Hard-delete episodes tombstoned 30 days or more before ``now`` (None:
-        the store's clock; the decay job passes its own, which is the tick's)."""
+        the store's clock; the decay job passes its own, which is the tick's).
+        A disabled episode is never purged: disabling is reversible."""
         now = self.store.clock.now() if now is None else now
         with self.store.write_transaction():
             ids = [r["id"] for r in self.store.rows(
-                "SELECT id, tombstoned_at FROM episodes WHERE tombstoned_at IS NOT NULL")
+                "SELECT id, tombstoned_at FROM episodes WHERE tombstoned_at IS NOT NULL"
+                " AND disabled = 0")
                 if tombstone_expired(r["tombstoned_at"], now)]
             for episode_id in ids:
                 self.store.delete(writer, "episodes", episode_id)

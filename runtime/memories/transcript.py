@@ -211,14 +211,16 @@ class TranscriptService:
         return None if value is None else int(value)
 
     def prunable(self, channel: str) -> list[int]:
-        """Rows below the watermark that no live (untombstoned) episode cites."""
+        """Rows below the watermark that no live (untombstoned) episode cites;
+        never a disabled row (disabling is reversible: consolidation skips it,
+        so nothing cites it, and it waits for its owner's ``enable``)."""
         mark = self.watermark(channel)
         if mark is None:
             return []
         return [r[0] for r in self.store.conn.execute(
             """
             SELECT t.id FROM transcript t
-            WHERE t.channel = ? AND t.id <= ?
+            WHERE t.channel = ? AND t.id <= ? AND t.disabled = 0
               AND NOT EXISTS (
                 SELECT 1 FROM episode_citations c JOIN episodes e ON e.id = c.episode_id
                 WHERE c.transcript_id = t.id AND e.tombstoned_at IS NULL)

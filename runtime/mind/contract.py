@@ -84,12 +84,14 @@ class MemoryWriter(Protocol):
 
     def purge_tombstones(self, now: float, writer: str) -> int:
         """Hard-delete the episodes tombstoned 30 days or more before ``now``
-        (the job's clock, not the owner's); return how many went."""
+        (the job's clock, not the owner's), never a disabled one; return how
+        many went."""
         ...
 
     def prune_transcript(self, channel: str, writer: str) -> int:
         """Delete ``channel``'s rows at or below its compaction watermark that
-        no live episode cites; return how many went."""
+        no live episode cites and that are not disabled (disabling is
+        reversible); return how many went."""
         ...
 
     def expire_write_log(self, now: float) -> int:

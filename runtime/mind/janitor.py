@@ -1,5 +1,9 @@
 """The ``decay`` job: the janitor. Deletes what the decay rules say is gone.
 
+- **Disabled rows stay.** Disabling is reversible: a disabled turn or episode
+  is never deleted, whatever the rules below say (consolidation skips a
+  disabled turn, so once the watermark has passed it nothing cites it; it
+  waits for ``enable``).
 - **Tombstones**: episodes tombstoned 30 days ago or more are hard-deleted
   (:meth:`runtime.memories.episodes.EpisodeService.purge_tombstones`); their citations
   go with them (schema cascade), the episodes they rolled up lose their parent.
