@@ -103,7 +103,8 @@ def setup_logging(settings: Settings, actor: str) -> None:
 def open_store(settings: Settings, clock: Clock | None = None) -> Store:
     kinds = FactKinds.load(settings.memory.fact_kinds_file)
     return Store(settings.store.path, kinds, settings.store.busy_timeout_ms,
-                 clock or SystemClock(), settings.store.synchronous)
+                 clock or SystemClock(), settings.store.synchronous,
+                 replicated=settings.replica.enabled)
 
 
 def load_profiles(settings: Settings) -> MemoryProfiles:

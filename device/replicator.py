@@ -29,11 +29,20 @@ Supervision
     waits, then SIGKILLs.
 
 Checkpoints
-    The app never forces a checkpoint of its own while Litestream runs
-    (:mod:`runtime.store.database` never issues ``wal_checkpoint(TRUNCATE)``: it would
-    stall behind Litestream's read transaction, and a WAL reset behind
-    Litestream's back forces a new snapshot). Litestream does the checkpoints;
-    SQLite's passive auto-checkpoint is harmless.
+    The app never waits for a checkpoint of its own while Litestream runs: a
+    ``wal_checkpoint(TRUNCATE)`` would stall behind Litestream's read
+    transaction for the whole busy timeout and fail, and a WAL reset behind
+    Litestream's back forces a new snapshot. After a forget,
+    :meth:`runtime.store.database.Store.reset_wal` tries one without waiting
+    (with the read lock held it only backfills what Litestream has read).
+    Litestream does the checkpoints; SQLite's passive auto-checkpoint is
+    harmless.
+
+Retention
+    :func:`retention_values`: a snapshot every ``replica.snapshot_interval_s``,
+    each kept ``replica.retention_s``; no compaction level (and no L0 file)
+    waits longer than one snapshot interval. Forgotten text leaves the replica
+    within :func:`forgotten_within_s` (docs/edge.md).
 
 Last sync and lag (what Litestream v0.5 offers, and what is used)
     ``litestream status`` reports only the local TXID (what Litestream has read
@@ -107,7 +116,7 @@ _ENV_PASS = frozenset(
     "HTTPS_PROXY NO_PROXY http_proxy https_proxy no_proxy".split()
 )
 _CREDENTIALS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
-_PLACEHOLDER = re.compile(r"\{\{\s*([a-z_]+)\s*\}\}")
+_PLACEHOLDER = re.compile(r"\{\{\s*([a-z0-9_]+)\s*\}\}")
 
 
 class ReplicaError(RuntimeError):
@@ -256,8 +265,37 @@ def replica_config(settings: Settings) -> dict[str, Any]:
     return cfg
 
 
+# Litestream's defaults for the L1 to L3 compaction intervals and for L0 files.
+LEVEL_INTERVALS_S = (30.0, 300.0, 3600.0)
+L0_RETENTION_S = 300.0
+L0_RETENTION_CHECK_S = 15.0
+
+
+def retention_values(settings: Settings) -> dict[str, str]:
+    """The retention part of the configuration: snapshots every
+    ``replica.snapshot_interval_s`` kept ``replica.retention_s``; no level
+    compacts (and no L0 file waits) longer than a snapshot interval."""
+    rs = settings.replica
+    every = rs.snapshot_interval_s
+    return {
+        "snapshot_interval": _duration(every),
+        "snapshot_retention": _duration(rs.retention_s),
+        "l0_retention": _duration(min(L0_RETENTION_S, every)),
+        "l0_retention_check_interval": _duration(min(L0_RETENTION_CHECK_S, every)),
+        **{f"l{n}_interval": _duration(min(s, every))
+           for n, s in enumerate(LEVEL_INTERVALS_S, start=1)},
+    }
+
+
+def forgotten_within_s(settings: Settings) -> float:
+    """How long after a forget the replica may still hold the forgotten text."""
+    rs = settings.replica
+    return rs.retention_s + 2 * rs.snapshot_interval_s
+
+
 def render_config(settings: Settings) -> str:
     values: dict[str, Any] = {
+        **retention_values(settings),
         "socket_path": str(socket_path(settings)),
         "shutdown_sync_timeout": _duration(SHUTDOWN_SYNC_TIMEOUT_S),
         "db_path": str(db_path(settings)),

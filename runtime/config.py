@@ -387,6 +387,11 @@ class ReplicaSettings(_Section):
                                        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     force_path_style: bool = True      # S3-compatible servers on a host:port
     sync_interval_s: float = Field(default=1.0, gt=0, le=3600)
+    # What the replica keeps (device/replicator.py): a snapshot every
+    # snapshot_interval_s, each kept retention_s; forgotten text leaves the
+    # replica within retention_s + 2 x snapshot_interval_s (36 h by default).
+    snapshot_interval_s: float = Field(default=6 * 3600.0, ge=1, le=7 * 86400)
+    retention_s: float = Field(default=24 * 3600.0, ge=1, le=90 * 86400)
     restore_on_boot: bool = True       # a missing database is restored before start
     max_lag_s: float = Field(default=60.0, gt=0)  # `backup verify` tolerates this much
     binary: str = ""                   # the litestream binary; empty: the packaged one

@@ -71,7 +71,7 @@ class Memory:
         self.profiles = MemoryProfiles.load(settings.memory.profiles_file)
         self.store = Store(settings.store.path, self.kinds,
                            settings.store.busy_timeout_ms, self.clock,
-                           settings.store.synchronous)
+                           settings.store.synchronous, replicated=settings.replica.enabled)
         self.embedder: Embedder = embedder or make_embedder(settings.embedder)
         self.index = VectorIndex(self.store, self.index_dir, self.embedder.name,
                                  self.embedder.dim)

@@ -162,6 +162,7 @@ def change(service: MemoryService, ref: Ref, action: Action, writer: str) -> Non
         raise NoSuchItem(f"no {ref.kind} {ref.id}")
     if action == "delete":
         service.forget(ref.id, writer)
+        service.store.reset_wal()  # no frame of it left in the WAL (Store.reset_wal)
     elif action in ("pin", "unpin"):
         _set_pinned(service, ref, action == "pin", writer)
     elif action in (privacy.MARK, privacy.UNMARK):  # any kind; logged

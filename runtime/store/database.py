@@ -6,8 +6,10 @@ foreign keys on. With FULL every commit reaches the disk before it returns, so
 an acknowledged turn survives a power cut, not only a crash (with NORMAL, a
 WAL commit survives a killed process but the last ones can be lost when the
 power goes); it costs one fsync per commit (0.25 ms here on a virtual disk,
-more on an SD card), and writers batch. We never force a
-TRUNCATE checkpoint (it stalls while Litestream holds a read transaction);
+more on an SD card), and writers batch. The one TRUNCATE checkpoint we
+force is after a forget (:meth:`Store.reset_wal`), so that the WAL keeps no
+frame of the forgotten row; where Litestream replicates the file it does not
+wait for it (a TRUNCATE stalls while Litestream holds a read transaction).
 SQLite's own passive auto-checkpoint is left alone. ``secure_delete`` is on, so
 the pages a delete frees are zeroed rather than left holding the old content.
 
@@ -111,8 +113,13 @@ class Store:
         busy_timeout_ms: int = 5000,
         clock: Clock | None = None,
         synchronous: str = "FULL",
+        replicated: bool = False,
     ) -> None:
         self.path = Path(path)
+        self.busy_timeout_ms = busy_timeout_ms
+        # Litestream replicates this file (``replica.url``): it owns the
+        # checkpoints, and :meth:`reset_wal` does not wait for it.
+        self.replicated = replicated
         private_dir(self.path.parent)
         # Created 0600 before SQLite opens it: SQLite gives the -wal and -shm
         # files the database file's mode.
@@ -331,6 +338,39 @@ class Store:
                 self.conn.execute(f"INSERT INTO {fts} ({fts}) VALUES ('optimize')")
         log.info("row forgotten", extra={"table": table, "row_id": row_id})
         return before
+
+    def reset_wal(self) -> bool:
+        """After a forget: checkpoint the whole WAL into the database file and
+        truncate the WAL to zero bytes (``wal_checkpoint(TRUNCATE)``), so that
+        the frames that held a forgotten row's content (its insert, the pages
+        the forget rewrote) are in no file any more; the ``-shm`` file holds
+        only the WAL's index (page and frame numbers, salts), never content,
+        and is reset with it. True when the WAL was reset.
+
+        The owner calls it once the forget has committed, before it answers
+        (:func:`runtime.memories.refs.change`); inside a transaction it does
+        nothing (a checkpoint cannot run there) and returns False. It waits up
+        to the busy timeout for other connections' reads to end. Where
+        Litestream replicates the file (``replicated``) it does not wait: its
+        long read transaction makes a TRUNCATE wait the whole busy timeout and
+        fail (measured: 2.0 s at 2,000 ms, WAL untouched), and Litestream does
+        the checkpoints; the attempt then only copies to the database file the
+        frames Litestream has already read, like SQLite's passive
+        auto-checkpoint. A WAL reset behind Litestream's back is safe, it
+        notices and takes a new snapshot (docs/edge.md)."""
+        if self.conn.in_transaction:
+            return False
+        wait = 0 if self.replicated else self.busy_timeout_ms
+        self.conn.setbusytimeout(wait)
+        try:
+            busy, frames, done = next(self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)"))
+        finally:
+            self.conn.setbusytimeout(self.busy_timeout_ms)
+        if busy:
+            log.info("WAL not reset after a forget: another connection is reading",
+                     extra={"frames": frames, "checkpointed": done,
+                            "replicated": self.replicated})
+        return not busy
 
     def forget_history(self, table: str, row_id: int) -> None:
         """Replace the content of every write-log entry of the row ``row_id`` of

@@ -1,0 +1,160 @@
+"""What the files keep after a forget (issue 24, item 5).
+
+- Without replication, once the forget has answered, no file of the data
+  directory (the database, its ``-wal`` and ``-shm``) holds the forgotten
+  bytes: the owner resets the WAL (``Store.reset_wal``), while another
+  connection keeps the database open as the other actors do.
+- With Litestream (the file replica), forgotten text leaves the replica and
+  Litestream's local copies within the configured retention, and the replica
+  still restores to the live database.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import apsw
+import pytest
+
+from device.replicator import Replicator, forgotten_within_s, meta_dir, render_config
+from runtime.config import CONFIG_DIR, load_settings
+from runtime.memories.episodes import EpisodeIn, EpisodeService
+from runtime.memories.facts import FactIn, GraphService
+from runtime.memories.profiles import MemoryProfiles
+from runtime.memories.refs import Ref, Services, change
+from runtime.memories.transcript import TranscriptService, TurnIn
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
+from tests.test_replicator import (
+    caught_up,
+    contents,
+    integrity,
+    replica_settings,
+    replicators,  # noqa: F401  (the fixture)
+    restored_copy,
+    write_turns,
+)
+from tests.waiting import wait_for
+
+KINDS = FactKinds.load(CONFIG_DIR / "fact_kinds.toml")
+PROFILES = MemoryProfiles.load(CONFIG_DIR / "profiles.toml")
+SECRET = "qvz8812"  # a word no other row shares
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def holding(root: Path, secret: str = SECRET) -> list[str]:
+    """Every file under ``root`` whose bytes contain ``secret``."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*")
+                  if p.is_file() and secret.encode() in p.read_bytes())
+
+
+def plant(services: Services) -> list[Ref]:
+    """A turn (with a tool call), an episode and a fact holding the secret,
+    among rows that do not."""
+    t, e, g = services.transcript, services.episodes, services.graph
+    for i in range(30):
+        t.append(TurnIn(channel="hall", source="user", content=f"an ordinary turn {i}"))
+    turn = t.append(TurnIn(channel="hall", source="user", content=f"the code is {SECRET}"))
+    t.add_tool_call(turn, "unlock", {"code": SECRET}, f"opened with {SECRET}")
+    episode = e.add(EpisodeIn(channel="hall", source="user", cites=[turn],
+                              gist=f"Ana said the code is {SECRET}"))
+    fact, _ = g.add(FactIn(kind="user_specific", subject="locker", key="code", value=SECRET))
+    return [Ref("turn", turn), Ref("episode", episode), Ref("fact", fact)]
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    return tmp_path / "data"
+
+
+@pytest.fixture
+def services(data_dir: Path) -> Iterator[Services]:
+    store = Store(data_dir / "reverie.db", KINDS)
+    # Another actor's connection: the database stays open beside the owner's,
+    # so nothing but the forget itself can clean the WAL.
+    other = apsw.Connection(str(store.path))
+    yield Services(TranscriptService(store, PROFILES), EpisodeService(store, PROFILES),
+                   GraphService(store, KINDS, PROFILES))
+    other.close()
+    store.close()
+
+
+def test_once_a_forget_has_answered_no_file_of_the_data_directory_holds_it(
+        services: Services, data_dir: Path) -> None:
+    refs = plant(services)
+    assert "reverie.db-wal" in holding(data_dir)  # the test can see it
+    for ref in refs:
+        change(services.owner(ref.kind), ref, "delete", "user")
+        # (no checkpoint, no close: only what the forget itself did)
+    assert holding(data_dir) == []
+    wal = data_dir / "reverie.db-wal"
+    assert wal.stat().st_size == 0
+
+
+def test_inside_a_transaction_the_wal_is_left_to_the_outermost_caller(
+        services: Services) -> None:
+    store = services.transcript.store
+    with store.write_transaction():
+        assert store.reset_wal() is False
+
+
+# -- with Litestream ------------------------------------------------------------------
+
+
+def test_the_replica_retention_is_in_the_config_and_the_readme() -> None:
+    settings = load_settings(env={}, overrides={"replica": {"url": "file:///tmp/r"}})
+    text = render_config(settings)
+    assert 'interval: "21600000ms"' in text and 'retention: "86400000ms"' in text
+    hours = forgotten_within_s(settings) / 3600
+    assert hours == 36
+    readme = " ".join(README.read_text(encoding="utf-8").split())
+    assert re.search(rf"forgotten text leaves the replica within {hours:g} hours", readme)
+
+
+def test_forgotten_text_leaves_the_file_replica_within_its_retention(
+        tmp_path: Path, replicators: Callable[..., Replicator]) -> None:  # noqa: F811
+    settings = replica_settings(tmp_path, snapshot_interval_s=1, retention_s=2)
+    store = Store(settings.store.path, KINDS, replicated=True)
+    rep = replicators(settings)
+    rep.start()
+    assert wait_for(lambda: rep.status()["last_sync_at"] is not None, 30)
+    services = Services(TranscriptService(store, PROFILES), EpisodeService(store, PROFILES),
+                        GraphService(store, KINDS, PROFILES))
+    refs = plant(services)
+    assert caught_up(rep, time.time(), 60)
+    replica = tmp_path / "replica"
+    assert holding(replica)  # it was replicated
+
+    for ref in refs:
+        change(services.owner(ref.kind), ref, "delete", "user")
+    # The household goes on writing (retention drops a snapshot only once a
+    # newer one exists, and a snapshot needs a new transaction).
+    stop = threading.Event()
+
+    def write() -> None:
+        with Store(settings.store.path, KINDS, replicated=True) as writer:
+            while not stop.is_set():
+                write_turns(writer, "later", 1)
+                stop.wait(0.3)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        gone = wait_for(lambda: not holding(replica) and not holding(meta_dir(settings)), 120)
+    finally:
+        stop.set()
+        writer.join()
+    assert gone, (holding(replica), holding(meta_dir(settings)))
+
+    # Replication is still correct: the replica restores to what the store holds.
+    assert caught_up(rep, time.time(), 60)
+    expected = {r["content"] for r in store.rows("SELECT content FROM transcript")}
+    copy = restored_copy(settings, tmp_path)
+    assert integrity(copy) == "ok"
+    assert contents(copy) == expected
+    assert SECRET.encode() not in copy.read_bytes()
+    store.close()
