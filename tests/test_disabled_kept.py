@@ -45,6 +45,15 @@ def test_a_disabled_turn_outlives_consolidation_and_the_janitor_and_can_be_enabl
     row = memory.transcript.get(hidden)
     assert row is not None and row["disabled"] == 0
 
+    # Enabled again, it stays: consolidation does not go back for it, and
+    # the next decay run does not delete it either.
+    memory.add_turn(TurnIn(channel="voice", source="user", content="A later turn."))
+    clock.advance(DAY)
+    distil(memory.job_context())
+    assert (memory.transcript.watermark("voice") or 0) > watermark  # compacted again
+    janitor.run(memory.job_context(settings=make_settings()))
+    assert memory.transcript.get(hidden) is not None
+
 
 def test_a_disabled_tombstoned_episode_is_not_purged(
         memory: Memory, make_settings: Callable[..., Settings], clock: ManualClock) -> None:

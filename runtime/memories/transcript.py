@@ -213,7 +213,9 @@ class TranscriptService:
     def prunable(self, channel: str) -> list[int]:
         """Rows below the watermark that no live (untombstoned) episode cites;
         never a disabled row (disabling is reversible: consolidation skips it,
-        so nothing cites it, and it waits for its owner's ``enable``)."""
+        so nothing cites it, and it waits for its owner's ``enable``), nor one
+        enabled again after a compaction had passed it (consolidation does not
+        go back for it: it stays a turn, recalled as one)."""
         mark = self.watermark(channel)
         if mark is None:
             return []
@@ -224,6 +226,15 @@ class TranscriptService:
               AND NOT EXISTS (
                 SELECT 1 FROM episode_citations c JOIN episodes e ON e.id = c.episode_id
                 WHERE c.transcript_id = t.id AND e.tombstoned_at IS NULL)
+              AND NOT EXISTS (
+                SELECT 1 FROM write_log w
+                WHERE w.table_name = 'transcript' AND w.row_id = t.id AND w.op = 'update'
+                  AND json_extract(w.before, '$.disabled') = 1
+                  AND json_extract(w.after, '$.disabled') = 0
+                  AND w.id > (
+                    SELECT min(l.id) FROM compactions k JOIN write_log l
+                      ON l.table_name = 'compactions' AND l.row_id = k.id AND l.op = 'insert'
+                    WHERE k.channel = t.channel AND k.watermark >= t.id))
             ORDER BY t.id
             """,
             (channel, mark),

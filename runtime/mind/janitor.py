@@ -3,7 +3,9 @@
 - **Disabled rows stay.** Disabling is reversible: a disabled turn or episode
   is never deleted, whatever the rules below say (consolidation skips a
   disabled turn, so once the watermark has passed it nothing cites it; it
-  waits for ``enable``).
+  waits for ``enable``). A turn enabled again after a compaction passed it is
+  kept too: consolidation does not go back for it, it stays a turn
+  (:meth:`runtime.memories.transcript.TranscriptService.prunable`).
 - **Tombstones**: episodes tombstoned 30 days ago or more are hard-deleted
   (:meth:`runtime.memories.episodes.EpisodeService.purge_tombstones`); their citations
   go with them (schema cascade), the episodes they rolled up lose their parent.

@@ -30,12 +30,12 @@ import apsw
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from runtime.config import CONFIG_DIR  # noqa: E402
-from runtime.memories.profiles import MemoryProfiles  # noqa: E402
-from runtime.memories.refs import Ref, change  # noqa: E402
-from runtime.memories.transcript import TranscriptService, TurnIn  # noqa: E402
-from runtime.store.database import Store  # noqa: E402
-from runtime.store.fact_kinds import FactKinds  # noqa: E402
+from runtime.config import CONFIG_DIR
+from runtime.memories.profiles import MemoryProfiles
+from runtime.memories.refs import Ref, change
+from runtime.memories.transcript import TranscriptService, TurnIn
+from runtime.store.database import Store
+from runtime.store.fact_kinds import FactKinds
 
 WORDS = ("kitchen boiler porto sister train garden lamp holiday dentist bread "
          "winter school piano meeting birthday river bicycle coffee tomorrow").split()
