@@ -34,9 +34,14 @@ Checkpoints
     transaction for the whole busy timeout and fail, and a WAL reset behind
     Litestream's back forces a new snapshot. After a forget,
     :meth:`runtime.store.database.Store.reset_wal` tries one without waiting
-    (with the read lock held it only backfills what Litestream has read).
-    Litestream does the checkpoints; SQLite's passive auto-checkpoint is
-    harmless.
+    (with the read lock held it only backfills what Litestream has read) and
+    leaves :data:`WAL_RESET_DUE` in the data directory; the monitor thread
+    then stops Litestream (SIGTERM: it uploads what it has read and lets go of
+    its read transaction), resets the WAL and starts it again, at most every
+    :data:`WAL_RESET_EVERY_S` (measured: 0.06 to 0.13 s on a 1 MiB store, a
+    local replica), not counted as a restart or a gap. Litestream finds the
+    WAL reset and takes a new snapshot. Otherwise Litestream does the
+    checkpoints; SQLite's passive auto-checkpoint is harmless.
 
 Retention
     :func:`retention_values`: a snapshot every ``replica.snapshot_interval_s``,
@@ -102,6 +107,11 @@ TEMPLATE = CONFIG_DIR / "litestream.yml"
 CONFIG_NAME = "litestream.yml"
 LOG_NAME = "litestream.log"
 PID_NAME = "litestream.pid"
+# Left in the data directory by a forget that could not reset the WAL while
+# Litestream held its read lock (runtime.store.database.Store.reset_wal): the
+# monitor then stops Litestream, resets the WAL and starts it again.
+WAL_RESET_DUE = "wal-reset-due"
+WAL_RESET_EVERY_S = 5.0         # at most one such restart this often
 SOCKET_NAME = "litestream.sock"
 MONITOR_INTERVAL_S = 1.0        # Litestream reads the WAL this often
 SHUTDOWN_SYNC_TIMEOUT_S = 5.0   # what it may spend uploading after SIGTERM
@@ -582,6 +592,7 @@ class Replicator:
         self._restarts = 0
         self._gaps: deque[_Gap] = deque(maxlen=gaps_kept)
         self._error: str | None = None
+        self._last_wal_reset = 0.0      # monotonic
 
     # -- public API -------------------------------------------------------
 
@@ -710,6 +721,38 @@ class Replicator:
                 self._backoff = self._backoff_min
             if now - self._last_poll >= self._sync_poll_s:
                 self._poll_sync()
+            if now - self._last_wal_reset >= WAL_RESET_EVERY_S:
+                self._reset_wal_if_due()
+
+    def _reset_wal_if_due(self) -> None:
+        """After a forget (the marker :data:`WAL_RESET_DUE`): stop Litestream
+        (SIGTERM: it uploads what it has read and lets go of its read
+        transaction), reset the WAL (``wal_checkpoint(TRUNCATE)``), start it
+        again. Litestream finds the WAL reset behind its back and takes a new
+        snapshot, so the replica stays whole; the forgotten frames leave the
+        WAL within seconds. Not counted as a restart or a gap."""
+        marker = data_dir(self.settings) / WAL_RESET_DUE
+        if not marker.exists():
+            return
+        self._last_wal_reset = time.monotonic()
+        marker.unlink(missing_ok=True)  # a forget from now on leaves a new one
+        with self._lock:
+            proc, self._proc = self._proc, None
+        if proc is not None:
+            _terminate(proc, self._stop_timeout)
+        self._close_log()
+        try:
+            reset = reset_wal(db_path(self.settings), self.settings.store.busy_timeout_ms)
+        except apsw.Error as e:
+            reset = False
+            log.warning("could not reset the WAL", extra={"error": type(e).__name__})
+        try:
+            self._spawn()
+        except (OSError, ReplicaError) as e:  # the monitor retries as for a death
+            with self._lock:
+                self._error = f"could not restart litestream: {e}"
+            self._next_start = time.monotonic() + self._backoff
+        log.info("WAL reset after a forget", extra={"reset": reset})
 
     def _reap(self) -> None:
         """Record the child's exit, if it has exited (from the monitor thread
@@ -816,6 +859,18 @@ class Replicator:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         pidfile.unlink(missing_ok=True)
+
+
+def reset_wal(path: Path, busy_timeout_ms: int) -> bool:
+    """``wal_checkpoint(TRUNCATE)`` on ``path`` from a connection of its own
+    (Litestream stopped); True when the WAL was reset."""
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READWRITE)
+    try:
+        conn.setbusytimeout(busy_timeout_ms)
+        busy = next(conn.execute("PRAGMA wal_checkpoint(TRUNCATE)"))[0]
+    finally:
+        conn.close()
+    return not busy
 
 
 def _terminate(proc: subprocess.Popen[bytes], timeout: float) -> None:

@@ -9,7 +9,8 @@ power goes); it costs one fsync per commit (0.25 ms here on a virtual disk,
 more on an SD card), and writers batch. The one TRUNCATE checkpoint we
 force is after a forget (:meth:`Store.reset_wal`), so that the WAL keeps no
 frame of the forgotten row; where Litestream replicates the file it does not
-wait for it (a TRUNCATE stalls while Litestream holds a read transaction).
+wait for it (a TRUNCATE stalls while Litestream holds a read transaction) and
+leaves the reset to the Replicator (``device.replicator``).
 SQLite's own passive auto-checkpoint is left alone. ``secure_delete`` is on, so
 the pages a delete frees are zeroed rather than left holding the old content.
 
@@ -48,8 +49,9 @@ from typing import Any
 
 import apsw
 
+from device.replicator import WAL_RESET_DUE
 from runtime.store.fact_kinds import FactKinds
-from runtime.store.files import create_private, make_private, private_dir
+from runtime.store.files import create_private, make_private, private_dir, write_private
 from runtime.store.migrations import migrate
 from runtime.time.clock import Clock, SystemClock
 
@@ -353,11 +355,12 @@ class Store:
         to the busy timeout for other connections' reads to end. Where
         Litestream replicates the file (``replicated``) it does not wait: its
         long read transaction makes a TRUNCATE wait the whole busy timeout and
-        fail (measured: 2.0 s at 2,000 ms, WAL untouched), and Litestream does
-        the checkpoints; the attempt then only copies to the database file the
-        frames Litestream has already read, like SQLite's passive
-        auto-checkpoint. A WAL reset behind Litestream's back is safe, it
-        notices and takes a new snapshot (docs/edge.md)."""
+        fail (measured: 2.0 s at 2,000 ms, WAL untouched); the attempt then
+        only copies to the database file the frames Litestream has already
+        read, like SQLite's passive auto-checkpoint, and leaves the marker
+        ``device.replicator.WAL_RESET_DUE`` in the data directory: the
+        Replicator stops Litestream, resets the WAL and starts it again within
+        seconds (Litestream then takes a new snapshot; docs/edge.md)."""
         if self.conn.in_transaction:
             return False
         wait = 0 if self.replicated else self.busy_timeout_ms
@@ -370,6 +373,8 @@ class Store:
             log.info("WAL not reset after a forget: another connection is reading",
                      extra={"frames": frames, "checkpointed": done,
                             "replicated": self.replicated})
+            if self.replicated:  # the Replicator resets it, Litestream stopped
+                write_private(self.path.parent / WAL_RESET_DUE, "")
         return not busy
 
     def forget_history(self, table: str, row_id: int) -> None:
