@@ -29,7 +29,9 @@ Who may call: the app's :class:`actors.http.app.Guard` (the bearer token, the
 body limit) wraps ``/mcp`` like every other path; it also takes an OAuth access
 token (:mod:`actors.http.oauth`, as Home Assistant's MCP client logs in). What a
 caller is told follows the privacy tier (:mod:`runtime.memories.privacy`): an
-OAuth client is bound to the audience its approver chose, and ``recall`` and
+OAuth client is bound to the audience its approver chose, a token of
+``[http.tokens]`` to the one its table names (:mod:`actors.http.audience`: the
+Guard leaves either in the scope), and ``recall`` and
 ``timeline`` leave out every memory :func:`~runtime.memories.privacy.may_use`
 refuses it (another person's sensitive memories; for a client approved for the
 household as a whole, every person's), and ``forget`` answers such a memory as
