@@ -378,6 +378,8 @@ def test_a_rollback_never_loosens_a_privacy_mark(world: World) -> None:
     assert kept == {f"fact:{code}": ("sensitive",), f"fact:{owned}": ("person",),
                     f"fact:{cleared}": (), f"fact:{gone}": ("sensitive", "person"),
                     f"episode:{leaf}": ("sensitive", "person")}
+    [line] = [doctor._change_line(c) for c in p.changes if c.ref == f"fact:{code}"]
+    assert line.endswith("put back   value (keeps sensitive)"), line
     # and the undo of that rollback loosens nothing either
     clock.advance(60)
     apply(s, plan(s, writer="rollback", since=at_t))
