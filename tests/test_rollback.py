@@ -409,9 +409,19 @@ def test_a_rollbacks_undo_still_works_after_the_write_log_retention(world: World
                   " 'episode_citations') AND row_id = ?", (added,)) == wanted
     undo = plan(s, writer="rollback", since=rolled.at)
     assert refs(undo) == {f"episode:{added}"}
-    apply(s, undo)
+    undone = apply(s, undo)
     assert s.get("episodes", added)["gist"] == "Ana planted an olive tree"
     assert world.episodes.citations(added) == [turn]
+    # a turn the janitor pruned meanwhile (no episode cited it) is not cited again
+    clock.advance(60)
+    again = apply(s, plan(s, writer="rollback", since=undone.at))
+    assert s.get("episodes", added) is None
+    s.delete("janitor", "transcript", turn)
+    clock.advance(60)
+    apply(s, plan(s, writer="rollback", since=again.at))
+    assert s.get("episodes", added)["gist"] == "Ana planted an olive tree"
+    assert world.episodes.citations(added) == []
+    consistent(s)
     # once the janitor deletes it again, its history expires as any other's
     clock.advance(31 * DAY)
     s.delete("janitor", "episodes", added)

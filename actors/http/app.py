@@ -39,8 +39,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from actors import metrics
-from actors.http.audience import ADMIN, STRANGER, AudienceBackend, Caller, Refused, entered
-from actors.http.audience import load_bound_tokens as load_bound_tokens
+from actors.http.audience import (
+    ADMIN,
+    STRANGER,
+    AudienceBackend,
+    Caller,
+    Refused,
+    entered,
+    load_bound_tokens,
+)
 from actors.http.backend import Backend
 from actors.http.common import MAX_QUERY_CHARS, Changed
 from actors.http.oauth import APPROVE_PATH, AUDIENCE_KEY, OAUTH_KEY, OAuthServer

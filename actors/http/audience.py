@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,7 +64,6 @@ from runtime.store.files import write_private
 log = logging.getLogger(__name__)
 
 TOKENS_DIR = "http-tokens"
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
 BROWSE_CHUNK = 500           # items a bound listing reads from the runtime at a time
 
 

@@ -19,7 +19,8 @@ Two ways to choose what is undone:
 
 The unit is a row of ``episodes`` or ``facts``; an episode's citations
 (``episode_citations``, a link table) go with their episode: they are put back
-to the set the episode had, and a conflict or a skip of the episode covers them.
+to the set the episode had (but for turns pruned since: the transcript is not
+rolled back), and a conflict or a skip of the episode covers them.
 
 What is never done, and reported instead (:class:`Skipped`):
 
@@ -58,7 +59,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from runtime.store.database import WRITABLE, Row, Store
@@ -266,6 +267,7 @@ def plan(store: Store, *, to: float | None = None, writer: str | None = None,
         elif outcome is not None:
             skipped.append(outcome)
 
+    _without_pruned_turns(store, changes)
     skipped.extend(_blocked(store, changes))
     ordered = sorted(changes.values(), key=lambda c: c.newest, reverse=True)
     skipped.sort(key=lambda s: (s.table, s.row_id))
@@ -312,6 +314,26 @@ def _unit_plan(unit: Unit, entries: Sequence[LogEntry], boundary: int, writer: s
         cite_remove=tuple(sorted(cites_c - cites_t)) if action in ("update", "relink") else (),
         undoes=tuple(e.id for e in later),
         kept=kept if action in ("restore", "update") else ())
+
+
+def _without_pruned_turns(store: Store, changes: dict[Unit, Change]) -> None:
+    """Leave out the citations to put back that name a turn no longer there (the
+    janitor prunes the turns no episode cites, so an episode a rollback removed
+    comes back, when undone, without the turns pruned since). In place."""
+    wanted = sorted({t for c in changes.values() for t in c.cite_add})
+    there: set[int] = set()
+    for start in range(0, len(wanted), _CHUNK):
+        chunk = wanted[start:start + _CHUNK]
+        there.update(int(r["id"]) for r in store.rows(
+            f"SELECT id FROM transcript WHERE id IN ({_marks(chunk)})", chunk))
+    for unit, change in list(changes.items()):
+        kept = tuple(t for t in change.cite_add if t in there)
+        if kept == change.cite_add:
+            continue
+        if change.action == "relink" and not kept and not change.cite_remove:
+            del changes[unit]  # nothing left to do
+        else:
+            changes[unit] = replace(change, cite_add=kept)
 
 
 def _parent(table: str) -> str:
