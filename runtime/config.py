@@ -417,6 +417,17 @@ class MemorySettings(_Section):
     duplicate_similarity: float = Field(default=0.92, ge=0.5, le=1.01)
 
 
+class HttpToken(_Section):
+    """A bearer token bound to an audience (``[http.tokens.<name>]``; the token
+    itself is in ``<data dir>/http-tokens/<name>``, written on first run): what
+    a caller with it is told follows the privacy rules for ``person`` (one of
+    the household's people; none: the household as a whole) on ``channel``
+    (``actors/http/audience.py``)."""
+
+    person: str | None = Field(default=None, min_length=1, max_length=200)
+    channel: str = Field(default="chat", min_length=1, max_length=200)
+
+
 class HttpSettings(_Section):
     """The HTTP server (``actors/http/server.py``): REST, OpenAI-compatible chat, OpenAPI.
 
@@ -432,6 +443,17 @@ class HttpSettings(_Section):
     # OAuth for /mcp (actors/http/oauth.py): how long an access / refresh token lives
     mcp_access_token_seconds: int = Field(default=3600, ge=60, le=86400)
     mcp_refresh_token_seconds: int = Field(default=30 * 86400, ge=3600, le=365 * 86400)
+    # name -> the audience its token is bound to (the admin token sees everything)
+    tokens: dict[str, HttpToken] = Field(default_factory=dict, max_length=100)
+
+    @field_validator("tokens")
+    @classmethod
+    def _token_names(cls, value: dict[str, HttpToken]) -> dict[str, HttpToken]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}", name):
+                raise ValueError(f"{name[:80]!r}: a token's name is letters, digits, - and _"
+                                 " (at most 64), as it names a file")
+        return value
 
 
 class WyomingSatellite(_Section):
@@ -629,6 +651,16 @@ class Settings(_Section):
                 raise ValueError(f"memory.{name}: no such file: {path}")
         if self.mqtt.enabled and not self.mqtt.topics_file.expanduser().is_file():
             raise ValueError(f"mqtt.topics_file: no such file: {self.mqtt.topics_file}")
+        people = {" ".join(n.split()).casefold()
+                  for n in (*self.household.people, *self.mqtt.people.values())}
+        for name, bound in self.http.tokens.items():
+            channel = self.channels.get(bound.channel)
+            if channel is None or channel.background:
+                raise ValueError(f"http.tokens.{name}.channel: {bound.channel!r} is not a "
+                                 "foreground channel of [channels]")
+            if bound.person is not None and " ".join(
+                    bound.person.split()).casefold() not in people:
+                raise ValueError(f"http.tokens.{name}.person: not one of household.people")
         return self
 
 

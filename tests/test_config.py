@@ -268,3 +268,20 @@ def test_replica_url_must_be_file_or_s3() -> None:
     with pytest.raises(ConfigError, match="replica"):
         load_settings(env={"REVERIE_REPLICA__URL": "ftp://x/y"})
     assert load_settings(env={"REVERIE_REPLICA__URL": "s3://bucket/p"}).replica.enabled
+
+
+def test_http_tokens_bind_a_known_person_on_a_foreground_channel() -> None:
+    """``[http.tokens.NAME]``: a person of the household (any case) on a
+    foreground channel; anything else is refused naming the token."""
+    people = {"household": {"people": ["Ana", "Rui"]}}
+    s = load_settings(env={}, overrides={**people, "http": {"tokens": {
+        "ana-tablet": {"person": "ana"}, "hall": {"channel": "voice"}}}})
+    assert s.http.tokens["ana-tablet"].person == "ana"
+    assert s.http.tokens["ana-tablet"].channel == "chat"
+    assert s.http.tokens["hall"].person is None
+    for tokens, says in (({"x": {"person": "Zed"}}, r"http\.tokens\.x\.person"),
+                         ({"x": {"channel": "dmn"}}, r"http\.tokens\.x\.channel"),
+                         ({"x": {"channel": "nowhere"}}, r"http\.tokens\.x\.channel"),
+                         ({"../x": {}}, "names a file")):
+        with pytest.raises(ConfigError, match=says):
+            load_settings(env={}, overrides={**people, "http": {"tokens": tokens}})

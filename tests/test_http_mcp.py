@@ -57,7 +57,10 @@ INITIALIZE = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
 def api(ray_instance: str, tmp_path_factory: pytest.TempPathFactory,
         model_cache: Path) -> Iterator[Api]:
     with http_runtime(NS, tmp_path_factory.mktemp("http-mcp-data"), model_cache,
-                      http={"models": {"assistant": "offline"}}) as api:
+                      household={"people": ["Ana", "Rui"]},
+                      http={"models": {"assistant": "offline"},
+                            "tokens": {"ana": {"person": "Ana"},
+                                       "hall": {"channel": "voice"}}}) as api:
         yield api
 
 
@@ -75,18 +78,21 @@ def post(api: Api, path: str, body: Any,
 
 
 @asynccontextmanager
-async def connected(api: Api, mode: str = "legacy") -> AsyncIterator[Client]:
-    """The SDK's client over Streamable HTTP at ``<base>/mcp``, with the token."""
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {api.token}"}) as http:
+async def connected(api: Api, mode: str = "legacy",
+                    token: str | None = None) -> AsyncIterator[Client]:
+    """The SDK's client over Streamable HTTP at ``<base>/mcp``, with the token
+    (default: the admin token)."""
+    bearer = token or api.token
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {bearer}"}) as http:
         async with Client(streamable_http_client(f"{api.base}/mcp", http_client=http),
                           mode=mode) as client:
             yield client
 
 
 def call(api: Api, tool: str, arguments: dict[str, Any],
-         mode: str = "legacy") -> CallToolResult:
+         mode: str = "legacy", token: str | None = None) -> CallToolResult:
     async def go() -> CallToolResult:
-        async with connected(api, mode) as client:
+        async with connected(api, mode, token) as client:
             return await client.call_tool(tool, arguments)
 
     return anyio.run(go)
@@ -235,6 +241,44 @@ def test_timeline_finds_what_was_written_in_its_window(api: Api) -> None:
     assert ref in refs({"expr": "this week"})
     assert ref not in refs({"expr": "yesterday"})
     assert ref not in refs({"expr": "May 2001"})
+
+
+def test_a_bound_token_is_told_only_what_its_audience_may_be(api: Api) -> None:
+    """A static token bound to an audience ([http.tokens]) gets the privacy rules
+    on recall, timeline and forget, as an OAuth client does; the admin token
+    sees everything."""
+    from actors.http.audience import tokens_dir
+    from actors.http.backend import ActorBackend
+
+    word = f"zq{uuid.uuid4().hex[:10]}"
+    backend = ActorBackend(api.settings)
+    ana_ref, _ = backend.remember(f"Ana's {word} bank card PIN is 4417", sensitive=True,
+                                  person="Ana")
+    rui_ref, _ = backend.remember(f"Rui's {word} bank card PIN is 9182", sensitive=True,
+                                  person="Rui")
+    plain_ref = remember(api, f"The {word} bank is on the corner")
+    token = {name: (tokens_dir(api.settings) / name).read_text().strip()
+             for name in ("ana", "hall")}
+
+    def refs(tool: str, arguments: dict[str, Any], who: str | None = None) -> set[str]:
+        result = call(api, tool, arguments, token=None if who is None else token[who])
+        assert not result.is_error, text(result)
+        assert (who is None) == ("9182" in text(result)), (who, tool)
+        return {m["ref"] for m in result.structured_content["memories"]}
+
+    query = {"query": f"{word} bank card PIN", "limit": 20}
+    window = {"since": "today", "limit": 100}
+    assert wait_for(lambda: {ana_ref, rui_ref, plain_ref} <= refs("recall", query), 60)
+    assert {ana_ref, rui_ref, plain_ref} <= refs("timeline", window)
+    for tool, arguments in (("recall", query), ("timeline", window)):
+        seen = refs(tool, arguments, "ana")
+        assert ana_ref in seen and plain_ref in seen and rui_ref not in seen, tool
+        seen = refs(tool, arguments, "hall")  # a spoken channel, nobody known: nothing sensitive
+        assert plain_ref in seen and not {ana_ref, rui_ref} & seen, tool
+    kind, number = rui_ref.split(":")
+    refused = call(api, "forget", {"ref": rui_ref}, token=token["ana"])
+    assert refused.is_error and text(refused) == f"forget {rui_ref}: no {kind} {number}"
+    assert backend.get(rui_ref).sensitive
 
 
 @pytest.mark.parametrize("tool,arguments,says", [

@@ -28,6 +28,9 @@ from runtime.memories.episodes import EpisodeIn
 from runtime.memories.transcript import TurnIn
 
 NS = "test-http-mem"
+# tokens bound to an audience ([http.tokens]): Ana on the chat channel, the
+# household as a whole on it, and nobody in particular on the spoken channel
+BOUND = {"ana": {"person": "Ana"}, "house": {}, "hall": {"channel": "voice"}}
 ZONE = "Asia/Tokyo"  # nine hours from UTC, no summer time: a zone mistake shows
 
 
@@ -83,8 +86,9 @@ class Api(http_runtime.Api):
 def api(ray_instance: str, tmp_path_factory: pytest.TempPathFactory,
         model_cache: Path) -> Iterator[Api]:
     with http_runtime.http_runtime(NS, tmp_path_factory.mktemp("http-mem-data"), model_cache,
-                                   household={"timezone": ZONE},
-                                   http={"models": {"assistant": "offline"}}) as started:
+                                   household={"timezone": ZONE, "people": ["Ana", "Rui"]},
+                                   http={"models": {"assistant": "offline"},
+                                         "tokens": BOUND}) as started:
         yield Api(started.settings, started.base, started.token)
 
 
@@ -368,3 +372,87 @@ def test_openapi_documents_the_routes(api: Api) -> None:
     assert {"get", "patch", "delete"} <= set(paths["/v1/memories/{ref}"])
     assert "404" in paths["/v1/memories/{ref}"]["get"]["responses"]
     assert paths["/v1/timeline"]["get"]["tags"] == ["memories"]
+
+
+# -- who sees what: a token bound to an audience (actors.http.audience) -------------
+
+def bound(api: Api, name: str) -> Client:
+    from actors.http.audience import tokens_dir
+
+    path = tokens_dir(api.settings) / name
+    assert path.stat().st_mode & 0o777 == 0o600
+    return api.client(path.read_text().strip())
+
+
+def test_a_bound_token_is_told_only_what_its_audience_may_be(api: Api) -> None:
+    """Every way out (recall, the listing, the timeline, one memory, a change)
+    follows the privacy rules for the token's audience; the admin token sees
+    everything."""
+    word = tag()
+    admin = api.client()
+    facts = {name: admin.post("/v1/memories", {"text": text, **marks}).json()["ref"]
+             for name, text, marks in (
+                 ("ana", f"Ana's {word} locker code is 4417.", {"sensitive": True,
+                                                                  "person": "Ana"}),
+                 ("rui", f"Rui's {word} locker code is 9182.", {"sensitive": True,
+                                                                  "person": "Rui"}),
+                 ("house", f"The {word} alarm code is 5521.", {"sensitive": True}),
+                 ("plain", f"The {word} locker is by the door.", {}))}
+    at = local("1999-06-01T10:00:00")
+    turns = dict(zip(("ana", "rui", "house", "reply", "plain"), add_turns(
+        TurnIn(channel="chat", source="user", speaker="Ana", sensitive=True, created_at=at,
+               content=f"my {word} test results came back"),
+        TurnIn(channel="chat", source="user", speaker="Rui", sensitive=True,
+               created_at=at + 1, content=f"my {word} salary went up"),
+        TurnIn(channel="chat", source="user", sensitive=True, created_at=at + 2,
+               content=f"the {word} wifi password is hunter2"),
+        TurnIn(channel="chat", source="assistant", role="assistant", sensitive=True,
+               created_at=at + 3, content=f"the {word} code you asked for is 4417"),
+        TurnIn(channel="chat", source="user", speaker="Rui", created_at=at + 4,
+               content=f"the {word} garden needs weeding")), strict=True))
+    sees = {"ana": {"ana", "house", "plain"}, "house": {"house", "plain"},
+            "hall": {"plain"}}
+    window = {"since": str(at - 1), "until": str(at + 10)}
+    for name, seen in sees.items():
+        c = bound(api, name)
+        shown_facts = {facts[k] for k in seen}
+        hidden = ({facts[k] for k in facts if k not in seen}
+                  | {turns[k] for k in turns if k not in seen})
+        found = set(recalled(c, f"{word} locker code"))
+        assert found & hidden == set() and shown_facts <= found, name
+        listed = c.get("/v1/memories", q=word, limit=100)
+        assert set(refs(listed)) == shown_facts | {turns[k] for k in seen}, name
+        assert listed.json()["total"] == len(refs(listed)), name
+        paged = c.get("/v1/memories", q=word, limit=1, offset=1)
+        assert paged.json()["total"] == len(refs(listed)), name
+        assert refs(paged) == refs(listed)[1:2], name
+        timeline = c.get("/v1/timeline", **window)
+        assert refs(timeline) == [turns[k] for k in turns if k in seen], name
+        assert timeline.json()["total"] == len(seen), name
+        for ref in sorted(hidden):
+            assert c.get(f"/v1/memories/{ref}").status_code == 404, (name, ref)
+            assert c.post(f"/v1/memories/{ref}/not-sensitive").status_code == 404, (name, ref)
+            assert c.request("DELETE", f"/v1/memories/{ref}").status_code == 400, (name, ref)
+        for ref in sorted(shown_facts):
+            assert c.get(f"/v1/memories/{ref}").status_code == 200, (name, ref)
+    everything = set(facts.values()) | set(turns.values())
+    assert set(refs(admin.get("/v1/memories", q=word, limit=100))) == everything
+    for ref in everything:  # the bound tokens' refusals changed nothing
+        assert admin.get(f"/v1/memories/{ref}").json()["sensitive"] == (
+            ref not in (facts["plain"], turns["plain"]))
+
+
+def test_a_bound_token_speaks_only_as_its_person(api: Api) -> None:
+    """Its turns cannot claim another of the household's people, nor leave a
+    spoken channel for a typed one; it cannot use the memory page."""
+    ana, hall = bound(api, "ana"), bound(api, "hall")
+    r = ana.post("/v1/turns", {"text": "what is my locker code?", "speaker": "Rui"})
+    assert r.status_code == 403, r.text
+    r = hall.post("/v1/turns", {"text": "what is the alarm code?", "channel": "chat"})
+    assert r.status_code == 403, r.text
+    r = ana.post("/v1/turns", {"text": "hello there"})
+    assert r.status_code == 200, r.text
+    said = api.client().get(f"/v1/memories/turn:{r.json()['turn_id']}").json()
+    assert said["speaker"] == "Ana"
+    page = ana.request("GET", "/")
+    assert page.status_code == 303, page.text  # sent to the login: the page is the admin's

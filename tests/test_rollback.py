@@ -335,6 +335,103 @@ def test_a_forgotten_row_cannot_come_back_and_is_reported(world: World) -> None:
                     " OR after LIKE '%zqx4711%'") == 0
 
 
+# -- privacy marks are only ever tightened -----------------------------------------
+
+def _marks(store: Store, table: str, row_id: int) -> tuple[int, str | None]:
+    row = store.get(table, row_id)
+    assert row is not None
+    return row["sensitive"], row["person"]
+
+
+def test_a_rollback_never_loosens_a_privacy_mark(world: World) -> None:
+    """Marks made after T stay: a sensitive mark is never cleared, an owner never
+    removed or changed; a mark cleared after T is set again (tightening)."""
+    s, clock = world.store, world.clock
+    code = world.fact("gate", "code", "4711", "graph", kind="user_specific")
+    owned = world.fact("Ana", "doctor", "Dr Reis", "graph")
+    cleared = world.fact("Bob", "salary", "high", "graph", sensitive=True, person="Bob")
+    gone = world.fact("Ana", "bank", "Millennium", "graph")
+    leaf = world.episode("Ana talked about her test results", "episodes",
+                         cites=[world.turn("my blood test came back", "Bob")])
+    assert _marks(s, "episodes", leaf) == (0, "Bob")
+    at_t = clock.now()
+    clock.advance(60)
+    s.update("cli", "facts", code, {"sensitive": 1, "value": "4712"})
+    s.update("cli", "facts", owned, {"person": "Ana", "confidence": 0.3})
+    s.update("cli", "facts", cleared, {"sensitive": 0})
+    s.update("cli", "facts", gone, {"sensitive": 1, "person": "Ana"})
+    s.delete("cli", "facts", gone)
+    s.update("cli", "episodes", leaf, {"sensitive": 1, "person": "Ana", "salience": 9})
+
+    p = plan(s, to=at_t)
+    apply(s, p)
+    assert (s.get("facts", code)["value"], _marks(s, "facts", code)) == ("4711", (1, None))
+    assert _marks(s, "facts", owned) == (0, "Ana")
+    assert s.get("facts", owned)["confidence"] != 0.3       # the rest went back
+    assert _marks(s, "facts", cleared) == (1, "Bob")        # tightened again
+    assert _marks(s, "facts", gone) == (1, "Ana")           # back, as marked when deleted
+    assert _marks(s, "episodes", leaf) == (1, "Ana")
+    assert s.get("episodes", leaf)["salience"] != 9
+    consistent(s)
+    # the plan names the marks it keeps (doctor rollback prints them)
+    kept = {c.ref: c.kept for c in p.changes}
+    assert kept == {f"fact:{code}": ("sensitive",), f"fact:{owned}": ("person",),
+                    f"fact:{cleared}": (), f"fact:{gone}": ("sensitive", "person"),
+                    f"episode:{leaf}": ("sensitive", "person")}
+    [line] = [doctor._change_line(c) for c in p.changes if c.ref == f"fact:{code}"]
+    assert line.endswith("put back   value (keeps sensitive)"), line
+    # and the undo of that rollback loosens nothing either
+    clock.advance(60)
+    apply(s, plan(s, writer="rollback", since=at_t))
+    assert _marks(s, "facts", cleared) == (1, "Bob")
+    assert _marks(s, "facts", code) == (1, None)
+
+
+# -- what an undo needs outlives the write log's retention ---------------------------
+
+def test_a_rollbacks_undo_still_works_after_the_write_log_retention(world: World) -> None:
+    """The history of an episode a rollback deleted is not expired: the printed
+    undo (``--writer rollback --since T``) puts it back, however late."""
+    s, clock = world.store, world.clock
+    at_t = clock.now()
+    clock.advance(60)
+    turn = world.turn("We planted an olive tree")
+    added = world.episode("Ana planted an olive tree", "episodes", cites=[turn])
+    clock.advance(60)
+    rolled = apply(s, plan(s, to=at_t))
+    assert s.get("episodes", added) is None
+    wanted = s.rows("SELECT * FROM write_log WHERE table_name IN ('episodes',"
+                    " 'episode_citations') AND row_id = ?", (added,))
+    clock.advance((WRITE_LOG_RETENTION_DAYS + 10) * DAY)
+    world.turn("much later")  # the log's newest entry, which never expires, is not the episode's
+    janitor.expire_write_log(s, clock.now())
+    assert s.rows("SELECT * FROM write_log WHERE table_name IN ('episodes',"
+                  " 'episode_citations') AND row_id = ?", (added,)) == wanted
+    undo = plan(s, writer="rollback", since=rolled.at)
+    assert refs(undo) == {f"episode:{added}"}
+    undone = apply(s, undo)
+    assert s.get("episodes", added)["gist"] == "Ana planted an olive tree"
+    assert world.episodes.citations(added) == [turn]
+    # a turn the janitor pruned meanwhile (no episode cited it) is not cited again
+    clock.advance(60)
+    again = apply(s, plan(s, writer="rollback", since=undone.at))
+    assert s.get("episodes", added) is None
+    s.delete("janitor", "transcript", turn)
+    clock.advance(60)
+    apply(s, plan(s, writer="rollback", since=again.at))
+    assert s.get("episodes", added)["gist"] == "Ana planted an olive tree"
+    assert world.episodes.citations(added) == []
+    consistent(s)
+    # once the janitor deletes it again, its history expires as any other's
+    clock.advance(31 * DAY)
+    s.delete("janitor", "episodes", added)
+    clock.advance((WRITE_LOG_RETENTION_DAYS + 1) * DAY)
+    world.turn("later still")
+    assert janitor.expire_write_log(s, clock.now()) >= len(wanted)
+    assert s.scalar("SELECT count(*) FROM write_log WHERE table_name = 'episodes'"
+                    " AND row_id = ?", (added,)) == 0
+
+
 # -- the log is append-only ---------------------------------------------------------
 
 def test_the_write_log_is_append_only(world: World, tmp_path: Path) -> None:

@@ -229,6 +229,8 @@ def _change_line(change: Any) -> str:
         cites.append(f"+{len(change.cite_add)} citations")
     if change.cite_remove:
         cites.append(f"-{len(change.cite_remove)} citations")
+    if change.kept:  # privacy marks are never loosened (runtime.store.rollback)
+        cites.append(f"keeps {' and '.join(change.kept)}")
     tail = " ".join(p for p in (detail, f"({', '.join(cites)})" if cites else "") if p)
     return f"  {change.ref:<14} {_ACTION[change.action]:<10} {tail}".rstrip()
 

@@ -39,12 +39,22 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from actors import metrics
+from actors.http.audience import (
+    ADMIN,
+    STRANGER,
+    AudienceBackend,
+    Caller,
+    Refused,
+    entered,
+    load_bound_tokens,
+)
 from actors.http.backend import Backend
 from actors.http.common import MAX_QUERY_CHARS, Changed
 from actors.http.oauth import APPROVE_PATH, AUDIENCE_KEY, OAUTH_KEY, OAuthServer
 from actors.http.oauth import OPEN_PATHS as OAUTH_PATHS
 from actors.messages import MAX_TURN_CHARS, Recall, Recalled, Status, TurnReply, UserTurn
 from runtime.config import Settings
+from runtime.memories.privacy import Audience
 from runtime.store.files import write_private
 from runtime.time.clock import Clock
 
@@ -95,10 +105,18 @@ class Guard:
     audience is left in the scope under ``AUDIENCE_KEY``; the admin token leaves
     none, and sees everything), and a 401 there names the protected-resource
     metadata (RFC 9728). The OAuth endpoints themselves are open (the SDK's
-    handlers authenticate the client)."""
+    handlers authenticate the client).
+
+    A bound token (``bound``: token → audience, ``[http.tokens]``) is taken
+    wherever the admin token is but on the memory page (the household
+    administrator's: its login, its approvals of apps); its audience goes in
+    the scope under ``AUDIENCE_KEY`` too. Every request runs with its caller
+    entered (:func:`actors.http.audience.entered`): the admin token and the
+    page's login are :data:`~actors.http.audience.ADMIN`."""
 
     def __init__(self, app: Any, token: str, max_body_bytes: int,
-                 oauth: OAuthServer | None = None) -> None:
+                 oauth: OAuthServer | None = None,
+                 bound: dict[str, Audience] | None = None) -> None:
         from actors.http import page as http_page
 
         self.app = app
@@ -107,6 +125,15 @@ class Guard:
         self.page = http_page
         self.page_auth = http_page.PageAuth(token)
         self.oauth = oauth
+        self.bound = [(t.encode(), who) for t, who in (bound or {}).items()]
+
+    def _bound(self, given: bytes) -> Audience | None:
+        """The audience of a bound token, compared in constant time with each."""
+        found = None
+        for token, who in self.bound:
+            if hmac.compare_digest(given, token):
+                found = who
+        return found
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -125,11 +152,19 @@ class Guard:
         scope.pop(AUDIENCE_KEY, None)
         if oauth is not None:
             scope[OAUTH_KEY] = oauth
-        if mcp and not bearer and oauth is not None and scheme.lower() == b"bearer":
-            who = oauth.audience(given.strip().decode("latin-1"))
-            if who is not None:
-                scope[AUDIENCE_KEY] = who
+        who: Caller = ADMIN if bearer else STRANGER
+        if not bearer and not page and scheme.lower() == b"bearer" and self.bound:
+            bound = self._bound(given.strip())
+            if bound is not None:
+                scope[AUDIENCE_KEY] = who = bound
                 bearer = True
+        if mcp and not bearer and oauth is not None and scheme.lower() == b"bearer":
+            client = oauth.audience(given.strip().decode("latin-1"))
+            if client is not None:
+                scope[AUDIENCE_KEY] = who = client
+                bearer = True
+        if page and not bearer and self.page_auth.cookie_ok(headers.get(b"cookie")):
+            who = ADMIN
         open_path = oauth is not None and oauth.is_open_path(path)
         if not bearer and not open_path and not (
                 page and (self.page.is_open_path(path)
@@ -185,7 +220,8 @@ class Guard:
                 return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
             return await receive()
 
-        await self.app(scope, replay, send)
+        with entered(who):
+            await self.app(scope, replay, send)
 
 
 class Metered:
@@ -258,7 +294,13 @@ class MemoryWritten(BaseModel):
 def make_app(settings: Settings, token: str, backend: Backend,
              clock: Clock | None = None) -> Any:
     """The ASGI app: FastAPI behind the token and body-size guard. ``clock``
-    times the OAuth tokens of ``/mcp`` (default: the system's)."""
+    times the OAuth tokens of ``/mcp`` (default: the system's). The bound
+    tokens of ``[http.tokens]`` are read (or written) here; every part but
+    ``/mcp`` (which filters by the scope's audience itself) is given the
+    backend as the request's caller may use it
+    (:class:`actors.http.audience.AudienceBackend`)."""
+    bound = load_bound_tokens(settings)
+    raw, backend = backend, AudienceBackend(backend, settings)
     app = FastAPI(title="Reverie", version="1", docs_url=None, redoc_url=None,
                   description="Reverie's memory runtime over HTTP. Every request needs "
                               "`Authorization: Bearer <token>` (the token is in "
@@ -278,6 +320,11 @@ def make_app(settings: Settings, token: str, backend: Backend,
         # BadRequest (a ValueError) from an actor, a bad ref, a refused message
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return _error(400, first, "invalid_request_error")
+
+    @app.exception_handler(Refused)
+    async def _refused(request: Request, exc: Refused) -> JSONResponse:
+        # a bound token asked for more than its audience (actors.http.audience)
+        return _error(403, str(exc), "forbidden")
 
     @app.exception_handler(Exception)
     async def _unavailable(request: Request, exc: Exception) -> JSONResponse:
@@ -338,12 +385,13 @@ def make_app(settings: Settings, token: str, backend: Backend,
     from actors.http import page as http_page
     from actors.http import responses as http_responses
 
-    for part in (http_memories, http_openai, http_responses, http_ollama, http_mcp, http_page):
+    for part in (http_memories, http_openai, http_responses, http_ollama, http_page):
         part.install(app, settings, backend)
+    http_mcp.install(app, settings, raw)  # its tools filter by the scope's audience
 
     oauth = OAuthServer(settings, clock)
     for path in sorted(OAUTH_PATHS):
         app.router.add_route(path, cast(Any, oauth), include_in_schema=False)  # SDK handlers
 
-    return Metered(Guard(app, token, settings.http.max_body_bytes, oauth))
+    return Metered(Guard(app, token, settings.http.max_body_bytes, oauth, bound))
 

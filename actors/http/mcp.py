@@ -29,7 +29,9 @@ Who may call: the app's :class:`actors.http.app.Guard` (the bearer token, the
 body limit) wraps ``/mcp`` like every other path; it also takes an OAuth access
 token (:mod:`actors.http.oauth`, as Home Assistant's MCP client logs in). What a
 caller is told follows the privacy tier (:mod:`runtime.memories.privacy`): an
-OAuth client is bound to the audience its approver chose, and ``recall`` and
+OAuth client is bound to the audience its approver chose, a token of
+``[http.tokens]`` to the one its table names (:mod:`actors.http.audience`: the
+Guard leaves either in the scope), and ``recall`` and
 ``timeline`` leave out every memory :func:`~runtime.memories.privacy.may_use`
 refuses it (another person's sensitive memories; for a client approved for the
 household as a whole, every person's), and ``forget`` answers such a memory as
@@ -62,11 +64,12 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import anyio
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from actors.http.audience import browse_for, recall_for, view_visible
 from actors.http.backend import Backend
 from actors.http.oauth import AUDIENCE_KEY
 from actors.messages import MAX_TURN_CHARS, BrowseMemories, Recall, Status
 from runtime.config import Settings
-from runtime.memories.privacy import Audience, for_audience, may_use
+from runtime.memories.privacy import Audience
 from runtime.time.clock import household_zone
 
 if TYPE_CHECKING:
@@ -362,11 +365,10 @@ class Tools:
 
     async def _recall(self, args: RecallArgs,
                       who: Audience | None = None) -> tuple[str, RecallAnswer]:
-        wanted = args.limit if who is None else min(2 * args.limit, 100)
         found = await self._call("recall", lambda: self.backend.recall(
-            Recall(query=args.query, max_items=wanted)))
-        items = found.items if who is None else for_audience(found.items, who)
-        items = items[:args.limit]
+            Recall(query=args.query, max_items=args.limit)) if who is None else recall_for(
+            self.backend, Recall(query=args.query, max_items=args.limit), who))
+        items = found.items[:args.limit]
         memories = [RecalledMemory(ref=i.ref, kind=i.kind, text=i.text,
                                    when=_when(i.created_at, self.zone), channel=i.channel)
                     for i in items]
@@ -395,7 +397,7 @@ class Tools:
         if who is not None:  # an OAuth client forgets only what it may be told
             seen = await self._call("forget", lambda: self.backend.get(ref),
                                     label=f"forget {ref}")
-            if not may_use(who, seen.sensitive, seen.person):
+            if not view_visible(who, seen):
                 # the answer for a memory that does not exist: nothing told of it
                 raise ToolFailure(f"forget {ref}: no {seen.kind} {seen.item_id}")
         detail = await self._call("forget", lambda: self.backend.change(ref, "delete"),
@@ -432,14 +434,11 @@ class Tools:
     async def _timeline(self, args: TimelineArgs,
                         who: Audience | None = None) -> tuple[str, TimelineAnswer]:
         since, until, dated = self._window(args)
-        page = await self._call("timeline", lambda: self.backend.browse(BrowseMemories(
-            since=since, until=until, oldest_first=True, include_disabled=False,
-            dated=dated, limit=args.limit)))
+        asked = BrowseMemories(since=since, until=until, oldest_first=True,
+                               include_disabled=False, dated=dated, limit=args.limit)
+        page = await self._call("timeline", lambda: self.backend.browse(asked)
+                                if who is None else browse_for(self.backend, asked, who))
         items = page.items[:args.limit]
-        if who is not None:
-            kept = for_audience(items, who)
-            page = page.model_copy(update={"total": page.total - (len(items) - len(kept))})
-            items = kept
         memories = [TimelineMemory(ref=v.ref, kind=v.kind, text=v.text,
                                    when=_when(v.created_at, self.zone), channel=v.channel,
                                    speaker=v.speaker) for v in items]

@@ -38,6 +38,13 @@ The rules:
   true``: ``voice``) an unknown speaker (none, or a name that is not one of
   the household's people) gets no sensitive memory at all: they are never
   read aloud to a stranger.
+- **Every way out** answers an audience, not only a turn: the HTTP server's
+  REST routes, chat routes and MCP tools give a caller bound to an audience
+  (a token of ``[http.tokens]``, an OAuth client) only what :func:`may_use`
+  and :func:`recallable` allow it (``actors/http/audience.py``); the admin
+  token and the ``reverie`` commands are the household's administrator.
+- **Rollback** never loosens a mark (``runtime/store/rollback.py``): a
+  ``sensitive`` mark or an owner set since is kept.
 - **Generated artefacts** (the portrait, digests, the dmn pass, patterns,
   the research job's web queries, a channel's continuity summary) read only
   rows with :data:`SHAREABLE`.

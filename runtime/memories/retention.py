@@ -10,6 +10,13 @@ compactions is kept, and so is the content-free trace of a row the user forgot
 (:meth:`runtime.store.database.Store.forget` promises it). The newest entry of the log
 is never dropped, so that its ids only grow.
 
+The history of a row a **rollback** deleted (its delete is logged as writer
+:data:`runtime.store.rollback.WRITER`) is kept for as long as that row stays
+deleted: the undo a rollback prints (``reverie doctor rollback --writer
+rollback --since T``) reads it to put the row back, and that undo is offered
+without an end date. It is bounded by what rollbacks remove (a person's
+explicit, rare action), not by time; a forget still erases its content.
+
 Each owner of a pruned table expires its own tables' history: the Transcript
 actor :data:`TRANSCRIPT_HISTORY`, the Episodes actor :data:`EPISODE_HISTORY`;
 in-process :class:`runtime.memory.Memory` both. The decay job
@@ -23,6 +30,7 @@ from collections.abc import Sequence
 
 from runtime.memories.decay import WRITE_LOG_RETENTION_DAYS, write_log_expired
 from runtime.store.database import Store
+from runtime.store.rollback import WRITER as ROLLBACK
 from runtime.time.clock import DAY
 
 log = logging.getLogger(__name__)
@@ -56,12 +64,18 @@ def expire_write_log(store: Store, now: float | None,
     dropped = 0
     for table in tables:
         cascades = _CASCADES[table]
+        # the rows a rollback deleted last: what its undo needs is kept
+        undoable = {int(r["row_id"]): int(r["last"]) for r in store.rows(
+            "SELECT row_id, max(id) AS last FROM write_log WHERE op = 'delete'"
+            " AND table_name = ? AND writer = ? GROUP BY row_id", (table, ROLLBACK))}
         deleted = [
             int(r["row_id"]) for r in store.rows(
-                "SELECT row_id, at FROM write_log WHERE op = 'delete' AND table_name = ?"
-                " AND at <= ? AND (before IS NULL OR json_extract(before, '$.forgotten')"
-                " IS NULL) ORDER BY id", (table, cutoff))
-            if write_log_expired(r["at"], now)]
+                "SELECT id, row_id, at FROM write_log WHERE op = 'delete' AND table_name = ?"
+                " AND at <= ? AND writer != ? AND (before IS NULL OR"
+                " json_extract(before, '$.forgotten') IS NULL) ORDER BY id",
+                (table, cutoff, ROLLBACK))
+            if write_log_expired(r["at"], now)
+            and undoable.get(int(r["row_id"]), 0) < int(r["id"])]
         for start in range(0, len(deleted), _CHUNK):
             dropped += _drop(store, table, cascades, deleted[start:start + _CHUNK])
     if dropped:

@@ -19,7 +19,8 @@ Two ways to choose what is undone:
 
 The unit is a row of ``episodes`` or ``facts``; an episode's citations
 (``episode_citations``, a link table) go with their episode: they are put back
-to the set the episode had, and a conflict or a skip of the episode covers them.
+to the set the episode had (but for turns pruned since: the transcript is not
+rolled back), and a conflict or a skip of the episode covers them.
 
 What is never done, and reported instead (:class:`Skipped`):
 
@@ -36,6 +37,14 @@ What is never done, and reported instead (:class:`Skipped`):
   child's ``parent_id`` names, a fact a kept fact's ``superseded_by`` names), or
   putting back a row that points at one that will not be there.
 
+**Privacy marks are never loosened** (:mod:`runtime.memories.privacy`): a row
+put back keeps a ``sensitive`` mark it has now (or had when it was deleted)
+even if it had none at the point rolled back to, and keeps the owner
+(``person``) it has, unless it has none: a household memory may go back to
+being a person's, a person's never becomes the household's or someone else's.
+A mark may only be tightened: one cleared since is set again. The columns kept
+so are named in the change (:attr:`Change.kept`).
+
 Rows are compared and put back column by column, as the log recorded them; a
 column added to a table after an entry was written is left as it is (a
 restored row gets its default).
@@ -50,7 +59,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from runtime.store.database import WRITABLE, Row, Store
@@ -66,6 +75,8 @@ ROWS: tuple[str, ...] = ("episodes", "facts")
 LINKS: dict[str, str] = {"episode_citations": "episodes"}
 SCOPE: tuple[str, ...] = (*ROWS, *LINKS)
 KIND_OF: dict[str, str] = {"episodes": "episode", "facts": "fact"}
+# The privacy marks (runtime.memories.privacy), which a rollback only tightens.
+SENSITIVE, PERSON = "sensitive", "person"
 # The column by which a row points at another row of its own table.
 _POINTER: dict[str, str] = {"episodes": "parent_id", "facts": "superseded_by"}
 _CHUNK = 500
@@ -162,6 +173,7 @@ class Change:
     cite_add: tuple[int, ...]
     cite_remove: tuple[int, ...]
     undoes: tuple[int, ...]       # the write-log ids undone, oldest first
+    kept: tuple[str, ...] = ()    # privacy marks left tighter than the target had them
 
     @property
     def ref(self) -> str:
@@ -255,6 +267,7 @@ def plan(store: Store, *, to: float | None = None, writer: str | None = None,
         elif outcome is not None:
             skipped.append(outcome)
 
+    _without_pruned_turns(store, changes)
     skipped.extend(_blocked(store, changes))
     ordered = sorted(changes.values(), key=lambda c: c.newest, reverse=True)
     skipped.sort(key=lambda s: (s.table, s.row_id))
@@ -274,7 +287,7 @@ def _unit_plan(unit: Unit, entries: Sequence[LogEntry], boundary: int, writer: s
         return Skipped(table, row_id, "forgotten",
                        "forgotten since: already gone" if gone else
                        "its content was erased by a forget: it cannot come back")
-    row_t = _target_row(table, later, row_c)
+    row_t, kept = _no_looser(_target_row(table, later, row_c), _latest(table, entries, row_c))
     cites_t = _target_cites(table, entries, boundary, row_t, cites_c)
     columns = _diff(table, row_t, row_c)
     if columns is not None and not columns and cites_t == cites_c:
@@ -299,7 +312,28 @@ def _unit_plan(unit: Unit, entries: Sequence[LogEntry], boundary: int, writer: s
         cites=tuple(sorted(cites_c)),
         cite_add=tuple(sorted(cites_t - cites_c)) if action != "delete" else (),
         cite_remove=tuple(sorted(cites_c - cites_t)) if action in ("update", "relink") else (),
-        undoes=tuple(e.id for e in later))
+        undoes=tuple(e.id for e in later),
+        kept=kept if action in ("restore", "update") else ())
+
+
+def _without_pruned_turns(store: Store, changes: dict[Unit, Change]) -> None:
+    """Leave out the citations to put back that name a turn no longer there (the
+    janitor prunes the turns no episode cites, so an episode a rollback removed
+    comes back, when undone, without the turns pruned since). In place."""
+    wanted = sorted({t for c in changes.values() for t in c.cite_add})
+    there: set[int] = set()
+    for start in range(0, len(wanted), _CHUNK):
+        chunk = wanted[start:start + _CHUNK]
+        there.update(int(r["id"]) for r in store.rows(
+            f"SELECT id FROM transcript WHERE id IN ({_marks(chunk)})", chunk))
+    for unit, change in list(changes.items()):
+        kept = tuple(t for t in change.cite_add if t in there)
+        if kept == change.cite_add:
+            continue
+        if change.action == "relink" and not kept and not change.cite_remove:
+            del changes[unit]  # nothing left to do
+        else:
+            changes[unit] = replace(change, cite_add=kept)
 
 
 def _parent(table: str) -> str:
@@ -350,6 +384,33 @@ def _target_row(table: str, later: Sequence[LogEntry], current: Row | None) -> R
         if entry.table == table:
             return None if entry.op == "insert" else entry.before
     return current
+
+
+def _latest(table: str, entries: Sequence[LogEntry], current: Row | None) -> Row | None:
+    """The row as it is now or, deleted, as it was when it was deleted."""
+    if current is not None:
+        return current
+    for entry in reversed(entries):
+        if entry.table == table:
+            return entry.before if entry.op == "delete" else entry.after
+    return None
+
+
+def _no_looser(target: Row | None, latest: Row | None) -> tuple[Row | None, tuple[str, ...]]:
+    """``target`` with privacy marks no looser than ``latest``'s: a sensitive
+    mark is never cleared, an owner never removed or changed (a household
+    memory, person None, may become a person's). Also the marks so kept."""
+    if target is None or latest is None:
+        return target, ()
+    out = dict(target)
+    kept: list[str] = []
+    if SENSITIVE in out and latest.get(SENSITIVE) and not out[SENSITIVE]:
+        out[SENSITIVE] = latest[SENSITIVE]
+        kept.append(SENSITIVE)
+    if PERSON in out and latest.get(PERSON) is not None and out[PERSON] != latest[PERSON]:
+        out[PERSON] = latest[PERSON]
+        kept.append(PERSON)
+    return out, tuple(kept)
 
 
 def _citation(entry: LogEntry) -> int | None:
