@@ -210,13 +210,15 @@ class Client:
     added after it), its history before that message (empty: the channel's
     transcript is the history), what came after it (the model's calls of the
     client's tools and their results: the turn continues), its tools and its
-    own request fields (``LLMRequest.options``)."""
+    own request fields (``LLMRequest.options``), and the images sent with its
+    last user message."""
 
     system: str = ""
     history: list[ChatMessage] = field(default_factory=list)
     continuation: list[ChatMessage] = field(default_factory=list)
     tools: list[Tool] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
+    images: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -410,7 +412,8 @@ def build_request(*, persona: Sequence[PersonaFile], memories: Sequence[M],
     messages = with_acknowledgement(build_messages(
         persona, in_prompt, [*history, *(client.history if client else [])], text, now,
         portrait=portrait, mode="pull" if index else "push", index=index, context=context,
-        client_system=client.system if client else ""),
+        client_system=client.system if client else "",
+        user_images=client.images if client else ()),
         remembered)
     return LLMRequest(messages=messages, memories=[m.text for m in memories],
                       remembered=remembered, sensitive=[m.sensitive for m in memories],
