@@ -534,6 +534,8 @@ class UserTurn(Message):
     text: str = Field(max_length=MAX_TURN_CHARS)
     speaker: str | None = Field(default=None, max_length=200)
     location: Location | None = None
+    # where it was said (a Wyoming satellite's room): a line of the prompt, not stored
+    room: str | None = Field(default=None, max_length=80)
     temporary: bool = False  # a temporary chat writes no memory and no transcript
     # The upstream model (or provider name) to ask first; None: the configured order.
     model: str | None = Field(default=None, min_length=1, max_length=200)

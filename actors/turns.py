@@ -296,7 +296,7 @@ class TurnsActor:
         A client's turn going on with its tool results takes the memory context
         it was prepared with (runtime.turn.resume): no second recall."""
         client = None if msg.conversation is None else client_of(msg.conversation)
-        asked = turn.Asked(user_turn, channel, msg.temporary, client)
+        asked = turn.Asked(user_turn, channel, msg.temporary, client, msg.room)
         if client is not None and client.continuation:
             with self._open_lock:
                 opened = self._open.get(user_turn.request_id or "")

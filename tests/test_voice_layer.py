@@ -247,6 +247,9 @@ def test_the_clients_history_is_the_context_and_is_never_written_twice(
                                             extra_headers=on(channel))
     [sent] = requests_since(upstream, before)
     assert sent["messages"][1:] == conversation[1:]  # the client's history, as it sent it
+    # its stored copies are not recalled: they are in the prompt already
+    memory = sent["messages"][0]["content"][len(HA_PROMPT):]
+    assert opening not in memory and answer not in memory
     # the same conversation again: the stored reply, the model not asked, nothing written
     again = client.chat.completions.create(model="reverie", messages=conversation,
                                            extra_headers=on(channel))

@@ -355,7 +355,7 @@ def test_format_options_and_think_go_upstream_under_their_openai_names(
                      options={"temperature": 0.2, "num_predict": 64, "num_ctx": 4096,
                               "top_k": 20, "seed": 7},
                      messages=[{"role": "user", "content": "Answer in JSON, please.",
-                                "images": [b"\x89PNG not really"]}])
+                                "images": [PNG]}])  # no vision here: left out
     body = upstream.last.body
     assert body["response_format"] == {"type": "json_schema",
                                        "json_schema": {"name": "response", "schema": schema}}
