@@ -475,6 +475,9 @@ class ViewMemory(Message):
 MAX_CLIENT_MESSAGES = 1000
 MAX_CLIENT_TOOLS = 128
 MAX_CLIENT_CHARS = 200_000  # a client's system prompt, one message, one tool call's arguments
+MAX_CLIENT_IMAGES = 16  # with one message
+# one image, as a URL (a data: URL holds the image; the HTTP body limit bounds them all)
+MAX_IMAGE_URL_CHARS = 64 * 1_048_576
 
 
 class ClientToolCall(Message):
@@ -493,6 +496,10 @@ class ClientMessage(Message):
     content: str = Field(max_length=MAX_CLIENT_CHARS)
     tool_calls: list[ClientToolCall] = Field(default_factory=list, max_length=MAX_CLIENT_TOOLS)
     tool_call_id: str | None = Field(default=None, max_length=200)
+    # images with a user message, as URLs (data: or https:); sent upstream only
+    # to a provider marked vision, never stored
+    images: list[Annotated[str, Field(max_length=MAX_IMAGE_URL_CHARS)]] = Field(
+        default_factory=list, max_length=MAX_CLIENT_IMAGES)
 
 
 class ClientTool(Message):
@@ -516,6 +523,9 @@ class Conversation(Message):
                                               max_length=MAX_CLIENT_MESSAGES)
     tools: list[ClientTool] = Field(default_factory=list, max_length=MAX_CLIENT_TOOLS)
     options: dict[str, Any] = Field(default_factory=dict)
+    # the images sent with the last user message (the turn's text)
+    images: list[Annotated[str, Field(max_length=MAX_IMAGE_URL_CHARS)]] = Field(
+        default_factory=list, max_length=MAX_CLIENT_IMAGES)
 
 
 class UserTurn(Message):
@@ -524,6 +534,8 @@ class UserTurn(Message):
     text: str = Field(max_length=MAX_TURN_CHARS)
     speaker: str | None = Field(default=None, max_length=200)
     location: Location | None = None
+    # where it was said (a Wyoming satellite's room): a line of the prompt, not stored
+    room: str | None = Field(default=None, max_length=80)
     temporary: bool = False  # a temporary chat writes no memory and no transcript
     # The upstream model (or provider name) to ask first; None: the configured order.
     model: str | None = Field(default=None, min_length=1, max_length=200)

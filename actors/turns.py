@@ -113,11 +113,12 @@ def client_of(conversation: Conversation) -> turn.Client:
         continuation=[chat_message(m) for m in conversation.continuation],
         tools=[Tool(name=t.name, description=t.description, parameters=t.parameters)
                for t in conversation.tools],
-        options=dict(conversation.options))
+        options=dict(conversation.options), images=list(conversation.images))
 
 
 def chat_message(m: ClientMessage) -> ChatMessage:
     return ChatMessage(role=m.role, content=m.content, tool_call_id=m.tool_call_id,
+                       images=list(m.images),
                        tool_calls=[ToolCall(id=c.id, name=c.name, arguments=c.arguments)
                                    for c in m.tool_calls])
 
@@ -295,7 +296,7 @@ class TurnsActor:
         A client's turn going on with its tool results takes the memory context
         it was prepared with (runtime.turn.resume): no second recall."""
         client = None if msg.conversation is None else client_of(msg.conversation)
-        asked = turn.Asked(user_turn, channel, msg.temporary, client)
+        asked = turn.Asked(user_turn, channel, msg.temporary, client, msg.room)
         if client is not None and client.continuation:
             with self._open_lock:
                 opened = self._open.get(user_turn.request_id or "")

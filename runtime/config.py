@@ -170,6 +170,9 @@ class ProviderSettings(_Section):
     # A CA bundle for an https endpoint whose certificate the system does not
     # trust (a server on the LAN with its own CA); the system's CAs otherwise.
     ca_file: Path | None = None
+    # The model reads images: a client's images (the memory layer) are sent to
+    # it; otherwise they are left out, with a log line.
+    vision: bool = False
 
     @model_validator(mode="after")
     def _https_for_ca(self) -> ProviderSettings:

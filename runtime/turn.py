@@ -210,13 +210,15 @@ class Client:
     added after it), its history before that message (empty: the channel's
     transcript is the history), what came after it (the model's calls of the
     client's tools and their results: the turn continues), its tools and its
-    own request fields (``LLMRequest.options``)."""
+    own request fields (``LLMRequest.options``), and the images sent with its
+    last user message."""
 
     system: str = ""
     history: list[ChatMessage] = field(default_factory=list)
     continuation: list[ChatMessage] = field(default_factory=list)
     tools: list[Tool] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
+    images: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -229,6 +231,7 @@ class Asked:
     channel: ChannelSettings
     temporary: bool = False
     client: Client | None = None
+    room: str | None = None  # where it was said (a Wyoming satellite's room)
 
     @property
     def text(self) -> str:
@@ -337,6 +340,22 @@ def history_for_prompt(history: Sequence[S], turn_id: int | None, who: Audience,
         [t for t in history if t.id != turn_id and not t.disabled], who)[-limit:]
 
 
+#: The most turns of a client's history looked for in the transcript (the
+#: layer wrote each of its user messages and text replies there once).
+MAX_COPIES = 64
+
+
+def stored_copies(messages: Sequence[ChatMessage], recent: Sequence[S],
+                  turn_id: int | None) -> list[S]:
+    """The turns of ``recent`` (the channel's latest) that a client's history
+    ``messages`` holds word for word: in the prompt already, as
+    :func:`shown_refs` says of the transcript's history."""
+    said = {("assistant" if m.role == "assistant" else "user", m.content.strip())
+            for m in messages if m.role in ("user", "assistant") and m.content.strip()}
+    return [t for t in recent if t.id != turn_id and (
+        "assistant" if t.role == "assistant" else "user", t.content.strip()) in said]
+
+
 def shown_refs(history: Sequence[Said]) -> list[str]:
     """The refs of the history's turns: in the prompt already, never recalled."""
     return [f"turn:{t.id}" for t in history]
@@ -364,16 +383,23 @@ def portrait_for(channel: ChannelSettings,
     return portrait()
 
 
+def room_line(room: str | None) -> str:
+    """The prompt's line saying where the user speaks from ("" when unknown):
+    "turn on the light" then means this room's."""
+    return f"The user is speaking in the {room.strip()}." if room and room.strip() else ""
+
+
 def context_for(read: ReadPart, asked: Asked, who: Audience, now: float) -> list[str]:
-    """The user profile (directives in scope of the turn's channel and speaker)
-    and, on a seeded channel, the trajectory and the mood; nothing on a
-    background channel."""
+    """Where the turn was said (a satellite's room), the user profile
+    (directives in scope of the turn's channel and speaker) and, on a seeded
+    channel, the trajectory and the mood; nothing on a background channel."""
     channel = asked.channel
     if channel.background:
         return []
     stranger = who.spoken and not who.known  # a guest: directives only
     name, speaker = asked.turn.channel, asked.turn.speaker
-    return [read("profile", lambda s: section_for(s, name, speaker, stranger), ""),
+    return [room_line(asked.room),
+            read("profile", lambda s: section_for(s, name, speaker, stranger), ""),
             read("trajectory", trajectory_for, "") if channel.seed else "",
             read("mood", lambda s: current_line(s, now), "") if channel.seed else ""]
 
@@ -410,7 +436,8 @@ def build_request(*, persona: Sequence[PersonaFile], memories: Sequence[M],
     messages = with_acknowledgement(build_messages(
         persona, in_prompt, [*history, *(client.history if client else [])], text, now,
         portrait=portrait, mode="pull" if index else "push", index=index, context=context,
-        client_system=client.system if client else ""),
+        client_system=client.system if client else "",
+        user_images=client.images if client else ()),
         remembered)
     return LLMRequest(messages=messages, memories=[m.text for m in memories],
                       remembered=remembered, sensitive=[m.sensitive for m in memories],
@@ -472,6 +499,9 @@ def prepare(asked: Asked, settings: Settings, wiring: Wiring[M], clock: Clock,
     if client is None or not client.history:  # the transcript is the history
         history = wiring.recent(asked.turn.channel, settings.runtime.history_turns + 1)
         past = history_for_prompt(history, turn_id, who, settings.runtime.history_turns)
+    else:  # the client's history is in the prompt: its stored copies are never recalled
+        history = stored_copies(client.history, wiring.recent(
+            asked.turn.channel, min(len(client.history), MAX_COPIES) + 1), turn_id)
 
     memories: list[M] = []
     degraded = False

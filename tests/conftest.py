@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,18 @@ SLOW_MODULES = ("test_cli_jobs", "test_cron", "test_crash", "test_rollup", "test
                 "test_http_fuzz", "test_edge_runtime", "test_privacy_runtime",
                 "test_replica_runtime", "test_http_page", "test_listeners", "test_geo",
                 "test_timeline")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """One numba cache for the test process and everything it starts (Ray's
+    workers, ``reverie run``): UMAP's compile (8-30 s of CPU) is paid once per
+    process of the run instead of once per data directory
+    (``runtime.mind.rollup.numba_cache_dir``). Set before Ray starts, so its
+    workers inherit it."""
+    if "NUMBA_CACHE_DIR" not in os.environ:
+        cache = Path(tempfile.mkdtemp(prefix="reverie-test-numba-"))
+        os.environ["NUMBA_CACHE_DIR"] = str(cache)
+        config.add_cleanup(lambda: shutil.rmtree(cache, ignore_errors=True))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -332,8 +332,7 @@ def check_status(env: dict[str, str], at_least: int) -> None:
 
 # -- fixtures ----------------------------------------------------------------
 
-@pytest.fixture
-def reverie_env(tmp_path: Path, model_cache: Path) -> Iterator[dict[str, str]]:
+def crash_env(tmp_path: Path, model_cache: Path) -> dict[str, str]:
     """A fresh data directory, an empty user configuration, a unique namespace."""
     data = tmp_path / "data"
     data.mkdir()
@@ -341,24 +340,25 @@ def reverie_env(tmp_path: Path, model_cache: Path) -> Iterator[dict[str, str]]:
     config.write_text("")
     base = {k: v for k, v in os.environ.items()
             if not k.startswith(("REVERIE_", "RAY_ADDRESS", "RAY_AUTH"))}
-    yield {**base, "REVERIE_DATA_DIR": str(data), "REVERIE_CONFIG": str(config),
-           "REVERIE_RUNTIME__NAMESPACE": f"crash-{uuid.uuid4().hex[:8]}",
-           "REVERIE_RUNTIME__DASHBOARD": "false",
-           "REVERIE_EMBEDDER__CACHE_DIR": str(model_cache),
-           "REVERIE_PERSONA__GLOBAL_DIR": str(tmp_path / "persona"),
-           "REVERIE_HTTP__PORT": "0",  # a free port: 8765 may be another runtime's
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
-                                                       os.environ.get("PYTHONPATH")]))}
-    shutil.rmtree(tmp_path, ignore_errors=True)
+    return {**base, "REVERIE_DATA_DIR": str(data), "REVERIE_CONFIG": str(config),
+            "REVERIE_RUNTIME__NAMESPACE": f"crash-{uuid.uuid4().hex[:8]}",
+            "REVERIE_RUNTIME__DASHBOARD": "false",
+            "REVERIE_EMBEDDER__CACHE_DIR": str(model_cache),
+            "REVERIE_PERSONA__GLOBAL_DIR": str(tmp_path / "persona"),
+            "REVERIE_HTTP__PORT": "0",  # a free port: 8765 may be another runtime's
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                        os.environ.get("PYTHONPATH")]))}
 
 
 @pytest.fixture
-def cleanup() -> Iterator[tuple[list[Runtime], list[Streamer]]]:
-    """Whatever a test started is killed at the end, pass or fail, and its Ray
-    session directory removed (Ray re-points ``session_latest`` at its next start)."""
-    runtimes: list[Runtime] = []
-    streamers: list[Streamer] = []
-    yield runtimes, streamers
+def reverie_env(tmp_path: Path, model_cache: Path) -> Iterator[dict[str, str]]:
+    yield crash_env(tmp_path, model_cache)
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def stop_all(runtimes: list[Runtime], streamers: list[Streamer]) -> None:
+    """Kill what a test started, pass or fail, and remove its Ray session
+    directories (Ray re-points ``session_latest`` at its next start)."""
     for streamer in streamers:
         kill_session(streamer.proc.pid, set())
         streamer.proc.wait(30)
@@ -373,6 +373,41 @@ def cleanup() -> Iterator[tuple[list[Runtime], list[Streamer]]]:
         assert not rt.processes()
         for session in rt.markers:
             shutil.rmtree(session, ignore_errors=True)
+
+
+@dataclass
+class Shared:
+    """One runtime for the tests that leave it running (a stale runtime file
+    at its start; one actor killed and brought back): each start of a whole
+    runtime costs more CPU than the rest of such a test."""
+
+    env: dict[str, str]
+    runtimes: list[Runtime] = field(default_factory=list)
+    streamers: list[Streamer] = field(default_factory=list)
+
+    def runtime(self) -> Runtime:
+        """The running runtime; started now if no test started it yet."""
+        if not self.runtimes:
+            start(self.env, self.runtimes)
+        return self.runtimes[-1]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> Iterator[Shared]:
+    tmp = tmp_path_factory.mktemp("crash-shared")
+    found = Shared(crash_env(tmp, model_cache))
+    yield found
+    stop_all(found.runtimes, found.streamers)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def cleanup() -> Iterator[tuple[list[Runtime], list[Streamer]]]:
+    """Whatever a test started is killed at the end, pass or fail."""
+    runtimes: list[Runtime] = []
+    streamers: list[Streamer] = []
+    yield runtimes, streamers
+    stop_all(runtimes, streamers)
 
 
 # -- the tests ---------------------------------------------------------------
@@ -417,15 +452,40 @@ def test_whole_runtime_sigkilled_mid_stream_keeps_every_acknowledged_turn(
     assert restarted.proc.poll() is None
 
 
+def test_stale_runtime_file_whose_pid_was_reused_does_not_block_a_start(
+        shared: Shared) -> None:
+    """After a power cut or a container restart the pid in runtime.json is often
+    held by another process (in a container, by the new ``reverie run`` itself):
+    the file is still stale, and the runtime must start. And a client finding a
+    file whose process runs but whose Ray node is gone says so, without hanging.
+    The runtime it starts stays for the single-actor kills below."""
+    from actors.discovery import process_start
+
+    if shared.runtimes:
+        pytest.skip("the shared runtime is running already (run this test first)")
+    reverie_env = shared.env
+    data = Path(reverie_env["REVERIE_DATA_DIR"])
+    data.mkdir(parents=True, exist_ok=True)
+    live = {"address": "127.0.0.1:9", "namespace": reverie_env["REVERIE_RUNTIME__NAMESPACE"],
+            "pid": os.getpid(), "pid_start": process_start(os.getpid()),
+            "auth": "token-file", "started_at": time.time() - 86400}
+    (data / "runtime.json").write_text(json.dumps(live))
+    asked = subprocess.run([*REVERIE, "status"], env=reverie_env, capture_output=True,
+                           text=True, timeout=60, cwd=ROOT)
+    assert asked.returncode == 1 and "not answering" in asked.stderr, asked.stderr
+    # the same pid, but another process's start time: the writer is gone
+    stale = {**live, "pid_start": 1}
+    (data / "runtime.json").write_text(json.dumps(stale))
+    start(reverie_env, shared.runtimes)
+
+
 @pytest.mark.parametrize("actor", ["TranscriptActor", "TurnsActor"])
 def test_one_actor_sigkilled_mid_stream_keeps_every_acknowledged_turn(
-        actor: str, reverie_env: dict[str, str],
-        cleanup: tuple[list[Runtime], list[Streamer]]) -> None:
-    runtimes, streamers = cleanup
-    env = reverie_env
-    rt = start(env, runtimes)
+        actor: str, shared: Shared) -> None:
+    env = shared.env
+    rt = shared.runtime()
     streamer = Streamer(env, actor)
-    streamers.append(streamer)
+    shared.streamers.append(streamer)
     streamer.wait_acks(BEFORE_KILL)
 
     pid = rt.actor_pid(actor)
@@ -443,28 +503,3 @@ def test_one_actor_sigkilled_mid_stream_keeps_every_acknowledged_turn(
           f"{len(acks)} acknowledged in all, {len(streamed) - len(acks)} more committed "
           f"but never acknowledged; {len(streamer.failures())} calls failed")
     check_status(env, at_least=2 * len(acks))
-
-
-def test_stale_runtime_file_whose_pid_was_reused_does_not_block_a_start(
-        reverie_env: dict[str, str],
-        cleanup: tuple[list[Runtime], list[Streamer]]) -> None:
-    """After a power cut or a container restart the pid in runtime.json is often
-    held by another process (in a container, by the new ``reverie run`` itself):
-    the file is still stale, and the runtime must start. And a client finding a
-    file whose process runs but whose Ray node is gone says so, without hanging."""
-    from actors.discovery import process_start
-
-    runtimes, _ = cleanup
-    data = Path(reverie_env["REVERIE_DATA_DIR"])
-    data.mkdir(parents=True, exist_ok=True)
-    live = {"address": "127.0.0.1:9", "namespace": reverie_env["REVERIE_RUNTIME__NAMESPACE"],
-            "pid": os.getpid(), "pid_start": process_start(os.getpid()),
-            "auth": "token-file", "started_at": time.time() - 86400}
-    (data / "runtime.json").write_text(json.dumps(live))
-    asked = subprocess.run([*REVERIE, "status"], env=reverie_env, capture_output=True,
-                           text=True, timeout=60, cwd=ROOT)
-    assert asked.returncode == 1 and "not answering" in asked.stderr, asked.stderr
-    # the same pid, but another process's start time: the writer is gone
-    stale = {**live, "pid_start": 1}
-    (data / "runtime.json").write_text(json.dumps(stale))
-    start(reverie_env, runtimes)

@@ -11,6 +11,7 @@ user's words name ("turn on the kitchen light": HassTurnOn)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import uuid
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ import openai
 import pytest
 from fake_openai import FakeOpenAI, Mode
 from http_runtime import Api
-from voice_layer import layer_runtime, remember, requests_since, tool_calls_of, turns
+from voice_layer import PNG, layer_runtime, remember, requests_since, tool_calls_of, turns
 
 NS = "test-voice-layer"
 
@@ -76,7 +77,8 @@ def api(ray_instance: str, upstream: FakeOpenAI, tmp_path_factory: pytest.TempPa
         model_cache: Path) -> Iterator[Api]:
     with layer_runtime(NS, tmp_path_factory.mktemp("layer-data"), model_cache, upstream,
                        models={"memory-only": "offline"},
-                       channels={"ha": {}, "plain": {"passthrough": False}}) as started:
+                       channels={"ha": {}, "plain": {"passthrough": False}, "pictures": {}},
+                       vision=True) as started:
         yield started
 
 
@@ -114,6 +116,33 @@ def test_the_prompt_and_tools_arrive_upstream_unchanged_with_memory_added(
                                     "content": "Why is the porch light on at night?"}
     assert sent["tools"] == HA_TOOLS  # the client's tools, as sent
     assert sent["temperature"] == 0.3 and sent["top_p"] == 0.9
+
+
+def test_images_reach_a_vision_provider_and_only_the_text_is_stored(
+        api: Api, client: openai.OpenAI, upstream: FakeOpenAI) -> None:
+    url = "data:image/png;base64," + base64.b64encode(PNG).decode()
+    before = len(upstream.requests)
+    completion = client.chat.completions.create(
+        model="reverie", messages=[
+            {"role": "system", "content": HA_PROMPT},
+            {"role": "user", "content": [
+                {"type": "text", "text": "What is on the doorbell camera?"},
+                {"type": "image_url", "image_url": {"url": url, "detail": "low"}}]}],
+        extra_headers=on("pictures"))
+    assert completion.choices[0].finish_reason == "stop"
+    [sent] = requests_since(upstream, before)
+    assert sent["messages"][-1] == {"role": "user", "content": [
+        {"type": "text", "text": "What is on the doorbell camera?"},
+        {"type": "image_url", "image_url": {"url": url}}]}
+    said = [t for t in turns(NS, "pictures") if t.role == "user"]
+    assert [t.content for t in said] == ["What is on the doorbell camera?"]
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(model="reverie", messages=[
+            {"role": "user", "content": [
+                {"type": "text", "text": "And this?"},
+                {"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]}],
+            extra_headers=on("pictures"))
+    assert "image_url" in str(bad.value)
 
 
 def test_a_remembered_fact_shapes_the_reply(api: Api, client: openai.OpenAI) -> None:
@@ -218,6 +247,9 @@ def test_the_clients_history_is_the_context_and_is_never_written_twice(
                                             extra_headers=on(channel))
     [sent] = requests_since(upstream, before)
     assert sent["messages"][1:] == conversation[1:]  # the client's history, as it sent it
+    # its stored copies are not recalled: they are in the prompt already
+    memory = sent["messages"][0]["content"][len(HA_PROMPT):]
+    assert opening not in memory and answer not in memory
     # the same conversation again: the stored reply, the model not asked, nothing written
     again = client.chat.completions.create(model="reverie", messages=conversation,
                                            extra_headers=on(channel))

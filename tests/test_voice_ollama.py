@@ -23,6 +23,7 @@ The tests build their requests the same way."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import http.client
 import json
 from collections.abc import Iterator
@@ -34,7 +35,10 @@ import ollama
 import pytest
 from fake_openai import FakeOpenAI
 from http_runtime import Api
-from voice_layer import layer_runtime, remember, turns
+from voice_layer import PNG, layer_runtime, remember, turns
+
+from actors.http import ollama as ollama_api
+from actors.http.layer import LayerError
 
 NS = "test-voice-ollama"
 
@@ -351,7 +355,7 @@ def test_format_options_and_think_go_upstream_under_their_openai_names(
                      options={"temperature": 0.2, "num_predict": 64, "num_ctx": 4096,
                               "top_k": 20, "seed": 7},
                      messages=[{"role": "user", "content": "Answer in JSON, please.",
-                                "images": [b"\x89PNG not really"]}])
+                                "images": [PNG]}])  # no vision here: left out
     body = upstream.last.body
     assert body["response_format"] == {"type": "json_schema",
                                        "json_schema": {"name": "response", "schema": schema}}
@@ -395,3 +399,29 @@ def test_a_malformed_conversation_is_a_400_saying_why(api: Api, messages: list[A
         {"model": "tiny", "stream": False, "messages": messages}).encode(), api.token)
     assert status == 400 and why in answer["error"]
     assert len(turns(NS, "chat")) == before  # nothing written
+
+
+def test_images_are_left_out_for_a_provider_without_vision(api: Api,
+                                                        upstream: FakeOpenAI) -> None:
+    c = client(api)
+    assert "vision" not in (c.show("tiny").capabilities or [])
+    reply = c.chat(model="tiny", messages=[
+        {"role": "user", "content": "What is in this picture?", "images": [PNG]}])
+    assert reply.message.content
+    assert upstream.last.body["messages"][-1] == {"role": "user",
+                                                  "content": "What is in this picture?"}
+    status, body = _post(api, "/api/chat", json.dumps({"model": "tiny", "stream": False,
+        "messages": [{"role": "user", "content": "And this?",
+                      "images": ["bm90IGFuIGltYWdl"]}]}).encode(), api.token)
+    assert status == 400 and "images[0]" in body["error"]  # base64 of "not an image"
+
+
+def test_an_ollama_image_becomes_a_data_url_of_its_type() -> None:
+    png = base64.b64encode(PNG).decode()
+    jpeg = base64.b64encode(b"\xff\xd8\xff\xe0" + bytes(20)).decode()
+    [m] = ollama_api.client_messages([ollama_api.OllamaMessage(
+        role="user", content="look", images=[png, jpeg])])
+    assert m.images == ["data:image/png;base64," + png, "data:image/jpeg;base64," + jpeg]
+    with pytest.raises(LayerError, match="not base64"):
+        ollama_api.client_messages([ollama_api.OllamaMessage(
+            role="user", content="look", images=["%%%"])])

@@ -148,6 +148,14 @@ def test_a_satellite_mapped_to_a_person_speaks_as_that_person(
     assert CODE not in upstream_for(address, server, satellite_id="satellite-hall")
 
 
+def test_the_satellites_room_is_said_in_the_prompt(
+        address: tuple[str, int], server: FakeOpenAI) -> None:
+    kitchen = json.loads(upstream_for(address, server, satellite_id="satellite-kitchen"))
+    assert "The user is speaking in the kitchen." in kitchen["messages"][0]["content"]
+    unmapped = json.loads(upstream_for(address, server, satellite_id="satellite-hall"))
+    assert "The user is speaking in" not in unmapped["messages"][0]["content"]
+
+
 def test_a_failing_turn_is_not_handled_with_the_reason(
         address: tuple[str, int], server: FakeOpenAI) -> None:
     before = len(server.requests)

@@ -5,6 +5,7 @@ what went upstream."""
 
 from __future__ import annotations
 
+import base64
 import json
 import sqlite3
 from collections.abc import Iterator
@@ -27,16 +28,23 @@ CHANNELS: dict[str, dict[str, Any]] = {
 
 @contextmanager
 def layer_runtime(namespace: str, data: Path, model_cache: Path, upstream: FakeOpenAI,
-                  models: dict[str, str], channels: dict[str, dict[str, Any]]) -> Iterator[Api]:
+                  models: dict[str, str], channels: dict[str, dict[str, Any]],
+                  vision: bool = False) -> Iterator[Api]:
     """The runtime on ``data`` whose one provider is ``upstream`` (model
-    ``tiny``), with the ``[http.models]`` aliases ``models`` and the channels
-    :data:`CHANNELS` and ``channels``."""
+    ``tiny``, reading images if ``vision``), with the ``[http.models]`` aliases
+    ``models`` and the channels :data:`CHANNELS` and ``channels``."""
     with http_runtime(namespace, data, model_cache,
                       llm={"providers": [{"name": "local", "base_url": upstream.base_url,
-                                          "model": "tiny", "timeout_s": 30}]},
+                                          "model": "tiny", "timeout_s": 30,
+                                          "vision": vision}]},
                       http={"models": models},
                       channels={**CHANNELS, **channels}) as started:
         yield started
+
+
+# The smallest PNG (a 1x1 transparent pixel), as clients send images.
+PNG = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4nGNgYGD4DwABBAEA"
+                       "wS2OUAAAAABJRU5ErkJggg==")
 
 
 def remember(api: Api, text: str) -> None:

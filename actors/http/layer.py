@@ -17,7 +17,9 @@ here:
   message are the history (none sent: the channel's transcript is the
   history); those after it (the model's calls of the client's tools and
   their results) continue the turn; the tools and the request fields of
-  :data:`UPSTREAM_FIELDS` go to the upstream model.
+  :data:`UPSTREAM_FIELDS` go to the upstream model, and so do images (to a
+  provider marked ``vision``; others get the text alone, and a log line says
+  so). Images are never stored: the transcript keeps the text.
 - The turn's request id is derived from the conversation up to its last user
   message (:func:`conversation_id`): a request sent again is answered with
   the stored reply (the Turns actor's re-sent-turn path) and writes nothing,
@@ -41,6 +43,8 @@ Nothing here logs what a message says: only field names, counts and roles.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import logging
@@ -115,7 +119,7 @@ def _layered(channel: str, speaker: str | None, model: str | None,
     conversation = Conversation(
         system="\n\n".join(m.content for m in messages[:lead]),
         history=list(messages[lead:last]), continuation=list(messages[last + 1:]),
-        tools=list(tools), options=options)
+        tools=list(tools), options=options, images=list(messages[last].images))
     return UserTurn(channel=channel, text=messages[last].content, model=model, speaker=speaker,
                     request_id=conversation_id(channel, speaker, messages[:last + 1]),
                     conversation=conversation)
@@ -133,3 +137,26 @@ def arguments_text(arguments: object) -> str:
     if isinstance(arguments, str):
         return arguments
     return json.dumps(arguments if arguments is not None else {})
+
+
+#: The leading bytes of the image formats vision models read, and their type.
+MAGIC = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"),
+         (b"GIF87a", "image/gif"), (b"GIF89a", "image/gif"))
+
+
+def image_url(data: str, where: str) -> str:
+    """An image sent as bare base64 (Ollama's ``images``) as a ``data:`` URL,
+    its type read from its first bytes (PNG, JPEG, GIF, WebP).
+    :class:`LayerError` for text that is not base64 or an image of another kind."""
+    try:
+        head = base64.b64decode(data[:64].strip() + "=" * (-len(data[:64].strip()) % 4),
+                                validate=True)[:16]
+        base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise LayerError(f"{where}: not base64") from None
+    kind = next((t for magic, t in MAGIC if head.startswith(magic)), None)
+    if kind is None and head[:4] == b"RIFF" and head[8:12] == b"WEBP":
+        kind = "image/webp"
+    if kind is None:
+        raise LayerError(f"{where}: not a PNG, JPEG, GIF or WebP image")
+    return f"data:{kind};base64,{data}"

@@ -8,9 +8,11 @@ Reverie loads no model itself: a served name answers through the configured
 providers. So ``/api/tags`` and ``/api/ps`` list the served names with size 0;
 ``/api/show`` reports ``capabilities``: ``completion`` always, ``tools`` when the
 name reaches an OpenAI-compatible provider first (those take tools; the offline
-provider does not); ``/api/pull`` of a served name succeeds at once, and of any
-other name fails with Ollama's error ("pull model manifest: file does not
-exist"; a 404 where Ollama says 500).
+provider does not), ``vision`` when that provider is marked ``vision`` (a
+message's ``images`` then reach it as ``data:`` URLs); ``/api/pull`` of a
+served name succeeds at once, and of any other name fails with Ollama's
+error ("pull model manifest: file does not exist"; a 404 where Ollama says
+500).
 
 Tools that speak Ollama's API can then use Reverie as their model, with
 memory: the last user message is one turn on the same path as ``reverie
@@ -51,7 +53,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from actors.http.backend import Backend
-from actors.http.layer import LayerError, arguments_text, client_turn, invalid
+from actors.http.layer import LayerError, arguments_text, client_turn, image_url, invalid
 from actors.http.openai import Models, client_tools, extension, first_and_rest
 from actors.messages import ClientMessage, ClientToolCall, TurnDelta, TurnReply
 from runtime.config import Settings
@@ -69,7 +71,7 @@ class OllamaMessage(BaseModel):
 
     role: str = Field(max_length=40)
     content: str | None = None
-    images: list[str] | None = Field(default=None, max_length=64)
+    images: list[str] | None = Field(default=None, max_length=16)
     tool_calls: list[dict[str, Any]] | None = Field(default=None, max_length=128)
     tool_name: str | None = Field(default=None, max_length=200)
 
@@ -116,7 +118,7 @@ def upstream_fields(body: OllamaChat) -> dict[str, Any]:
     """Ollama's request fields as the OpenAI-compatible upstream names them:
     ``format`` ("json" or a JSON schema) as ``response_format``, the options of
     :data:`OPTION_FIELDS`, ``think`` as ``reasoning_effort`` when it names one.
-    The rest (``num_ctx``, ``keep_alive``, ``think`` on/off, images...) has no
+    The rest (``num_ctx``, ``keep_alive``, ``think`` on/off...) has no
     such field: dropped, named in a log line (names only, never values)."""
     fields: dict[str, Any] = {}
     dropped: list[str] = []
@@ -142,8 +144,6 @@ def upstream_fields(body: OllamaChat) -> dict[str, Any]:
         dropped.append("think")
     if body.keep_alive is not None:
         dropped.append("keep_alive")
-    if any(m.images for m in body.messages):
-        dropped.append("images")
     dropped += sorted(k[:60] for k, v in (body.model_extra or {}).items() if v is not None)
     if dropped:
         log.info("ollama: not sent upstream (no such field there): %s", ", ".join(dropped))
@@ -180,8 +180,10 @@ def client_messages(messages: list[OllamaMessage]) -> list[ClientMessage]:
                 raise LayerError(f"messages[{i}]: a tool result with no tool call before it")
             answers = named[0].id
             open_calls.remove(named[0])
+        images = [image_url(data, f"messages[{i}].images[{k}]")
+                  for k, data in enumerate(m.images or [])]
         out.append(ClientMessage(role=role, content=m.content or "", tool_calls=calls,
-                                 tool_call_id=answers))
+                                 tool_call_id=answers, images=images))
     return out
 
 
@@ -262,6 +264,9 @@ class Served:
         self.models = models
         self.providers = {p.name for p in settings.llm.providers} | {
             p.model for p in settings.llm.providers}
+        self.order = [p.name for p in settings.llm.providers]
+        self.seeing = {p.name for p in settings.llm.providers if p.vision} | {
+            p.model for p in settings.llm.providers if p.vision}
 
     def takes_tools(self, name: str) -> bool:
         """Whether the provider asked first for ``name`` is an OpenAI-compatible
@@ -277,8 +282,16 @@ class Served:
                 "family": "reverie", "families": ["reverie"],
                 "parameter_size": "", "quantization_level": ""}
 
+    def sees(self, name: str) -> bool:
+        """Whether the provider asked first for ``name`` reads images (``vision``)."""
+        upstream = self.models.upstream(name)
+        if upstream is None:
+            return bool(self.seeing) and next(iter(self.order)) in self.seeing
+        return upstream in self.seeing
+
     def capabilities(self, name: str) -> list[str]:
-        return ["completion", "tools"] if self.takes_tools(name) else ["completion"]
+        return (["completion"] + (["tools"] if self.takes_tools(name) else [])
+                + (["vision"] if self.sees(name) else []))
 
     @staticmethod
     def digest(name: str) -> str:

@@ -79,22 +79,42 @@ ROLES: dict[str, Role] = {"system": "system", "developer": "system", "user": "us
 
 
 def client_messages(messages: list[ChatMessage]) -> list[ClientMessage]:
-    """OpenAI's messages as the layer takes them: their text (other parts, such
-    as images, are not sent upstream: logged); a role it does not know (the
-    old ``function``) is left out. :class:`LayerError` for a malformed tool call."""
+    """OpenAI's messages as the layer takes them: their text and images (other
+    parts, such as audio, are not sent upstream: logged); a role it does not
+    know (the old ``function``) is left out. :class:`LayerError` for a
+    malformed tool call or image part."""
     out: list[ClientMessage] = []
     for i, m in enumerate(messages):
         role = ROLES.get(m.role)
         if role is None:
             log.info("memory layer: a %r message left out", m.role[:40])
             continue
-        if isinstance(m.content, list) and any(p.get("type") != "text" for p in m.content):
-            log.info("memory layer: a message's parts other than text not sent upstream")
+        if isinstance(m.content, list) and any(p.get("type") not in ("text", "image_url")
+                                               for p in m.content):
+            log.info("memory layer: a message's parts other than text and images "
+                     "not sent upstream")
         calls = [tool_call(c, f"messages[{i}].tool_calls[{j}]")
                  for j, c in enumerate(m.tool_calls or [])] if role == "assistant" else []
         out.append(ClientMessage(role=role, content=text_of(m.content), tool_calls=calls,
-                                 tool_call_id=m.tool_call_id if role == "tool" else None))
+                                 tool_call_id=m.tool_call_id if role == "tool" else None,
+                                 images=images_of(m.content, f"messages[{i}]")))
     return out
+
+
+def images_of(content: str | list[dict[str, Any]] | None, where: str) -> list[str]:
+    """The URLs of a message's ``image_url`` parts (a string or ``{"url": ...}``)."""
+    urls: list[str] = []
+    for j, part in enumerate(content if isinstance(content, list) else []):
+        if part.get("type") != "image_url":
+            continue
+        given = part.get("image_url")
+        url = given.get("url") if isinstance(given, dict) else given
+        if not isinstance(url, str) or not url.startswith(("data:image/", "https://",
+                                                           "http://")):
+            raise LayerError(f"{where}.content[{j}]: image_url needs a data:image/ or "
+                             "http(s) URL")
+        urls.append(url)
+    return urls
 
 
 def tool_call(call: dict[str, Any], where: str) -> ClientToolCall:

@@ -91,7 +91,7 @@ log = logging.getLogger(__name__)
 # Fields that need state this server does not keep: refused, by name.
 STATEFUL = ("previous_response_id", "conversation", "background", "prompt")
 # Parts of a message's content that carry no text: dropped, with a log line.
-NOT_TEXT = frozenset({"input_image", "input_file", "input_audio", "refusal"})
+NOT_TEXT = frozenset({"input_file", "input_audio", "refusal"})
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 
 Role = Literal["system", "user", "assistant"]
@@ -148,7 +148,8 @@ def refuse_stateful(body: ResponsesRequest) -> None:
 
 def content_text(content: Any, where: str) -> str:
     """The text of a message's content: a string, or a list of parts (the
-    text ones joined; images, files, audio and refusals dropped)."""
+    text ones joined; images are :func:`images_of`'s, files, audio and
+    refusals are dropped)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -158,12 +159,34 @@ def content_text(content: Any, where: str) -> str:
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in TEXT_PARTS and isinstance(part.get("text"), str):
             texts.append(part["text"])
+        elif kind == "input_image":
+            continue  # images_of
         elif kind in NOT_TEXT:
             log.info("responses: a %s part left out (text only)", kind)
         else:
             raise Refused(f"{where}.content[{j}]: a part of type {str(kind)[:40]!r} is "
-                          "not supported (input_text, output_text)", f"{where}.content")
+                          "not supported (input_text, output_text, input_image)",
+                          f"{where}.content")
     return "".join(texts)
+
+
+def images_of(content: Any, where: str) -> list[str]:
+    """The URLs of a message's ``input_image`` parts (``image_url``); one sent
+    by ``file_id`` is left out, with a log line (this server keeps no files)."""
+    urls: list[str] = []
+    for j, part in enumerate(content if isinstance(content, list) else []):
+        if not isinstance(part, dict) or part.get("type") != "input_image":
+            continue
+        url = part.get("image_url")
+        if url is None and part.get("file_id") is not None:
+            log.info("responses: an input_image by file_id left out (no files kept here)")
+            continue
+        if not isinstance(url, str) or not url.startswith(("data:image/", "https://",
+                                                           "http://")):
+            raise Refused(f"{where}.content[{j}]: input_image needs an image_url: a "
+                          "data:image/ or http(s) URL", f"{where}.content")
+        urls.append(url)
+    return urls
 
 
 def output_text_of(output: Any, where: str) -> str:
@@ -189,7 +212,8 @@ def client_messages(instructions: str | None, given: str | list[dict[str, Any]]
             role = ROLES.get(str(item.get("role")))
             if role is None:
                 raise Refused(f"{where}.role: user, assistant, system or developer", where)
-            messages.append({"role": role, "content": content_text(item.get("content"), where)})
+            messages.append({"role": role, "content": content_text(item.get("content"), where),
+                             "images": images_of(item.get("content"), where)})
         elif kind == "function_call":
             call_id, name = item.get("call_id"), item.get("name")
             if not isinstance(call_id, str) or not isinstance(name, str):

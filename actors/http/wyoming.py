@@ -126,16 +126,17 @@ def info(settings: WyomingSettings, version: str) -> Info:
 
 def turn_for(transcript: Transcript, settings: WyomingSettings) -> UserTurn:
     """The turn a transcript asks for: on the voice channel, spoken by the person
-    its satellite (or device) is mapped to, if any. ValidationError when the text
-    is no turn (too long)."""
+    its satellite (or device) is mapped to, if any, in that satellite's room
+    (the prompt says where). ValidationError when the text is no turn (too long)."""
     context = transcript.context if isinstance(transcript.context, dict) else {}
-    speaker = None
+    speaker = room = None
     for key in SOURCE_KEYS:
         source = context.get(key)
         if isinstance(source, str) and source in settings.satellites:
             speaker = settings.satellites[source].person
+            room = settings.satellites[source].room or None
             break
-    return UserTurn(channel=CHANNEL, text=transcript.text, speaker=speaker)
+    return UserTurn(channel=CHANNEL, text=transcript.text, speaker=speaker, room=room)
 
 
 def failure_reason(exc: BaseException) -> str:

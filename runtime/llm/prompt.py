@@ -123,14 +123,16 @@ def build_messages(persona: Sequence[PersonaFile], memories: Sequence[MemoryLine
                    mode: Mode = "push",
                    portrait: Sequence[PortraitLineLike] = (),
                    index: str = "", context: Sequence[str] = (),
-                   client_system: str = "") -> list[ChatMessage]:
+                   client_system: str = "",
+                   user_images: Sequence[str] = ()) -> list[ChatMessage]:
     """The messages for one turn: system, then ``history``, then the user's text.
 
     ``client_system``: a client's own system prompt (the memory layer:
     ``actors.http.layer``), kept as it is at the start of the system message,
     Reverie's sections added after it (a ``---`` line between). A history
     message that is a :class:`ChatMessage` already (a client's, with its tool
-    calls and ``tool`` results) is passed as it is.
+    calls and ``tool`` results) is passed as it is. ``user_images``: the
+    images sent with the user's text (a client's, as URLs).
 
     Raises ValueError for an unknown mode, a history role other than
     system/user/assistant (in a message that is not a :class:`ChatMessage`),
@@ -152,7 +154,7 @@ def build_messages(persona: Sequence[PersonaFile], memories: Sequence[MemoryLine
             raise ValueError(f"history[{i}].role must be system, user or assistant; "
                              f"got {m.role!r}")
         messages.append(ChatMessage(role=role, content=m.content))
-    messages.append(ChatMessage(role="user", content=user_text))
+    messages.append(ChatMessage(role="user", content=user_text, images=list(user_images)))
     return messages
 
 

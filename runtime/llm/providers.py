@@ -107,11 +107,27 @@ class ChatMessage(BaseModel):
     content: str
     tool_calls: list[ToolCall] = Field(default_factory=list)
     tool_call_id: str | None = None
+    # images with a user message: URLs (``data:image/png;base64,...`` or
+    # ``https://...``), sent only to a provider marked ``vision``
+    images: list[str] = Field(default_factory=list)
+
+
+def without_images(messages: list[ChatMessage]) -> tuple[list[ChatMessage], int]:
+    """The messages with their images taken out, and how many there were."""
+    count = sum(len(m.images) for m in messages)
+    if not count:
+        return messages, 0
+    return [m.model_copy(update={"images": []}) if m.images else m for m in messages], count
 
 
 def _wire_message(m: ChatMessage) -> dict[str, Any]:
-    """A message as the chat-completions API takes it."""
-    out: dict[str, Any] = {"role": m.role, "content": m.content}
+    """A message as the chat-completions API takes it (with images: a list of
+    parts, the text first)."""
+    content: str | list[dict[str, Any]] = m.content
+    if m.images:
+        content = [{"type": "text", "text": m.content},
+                   *({"type": "image_url", "image_url": {"url": url}} for url in m.images)]
+    out: dict[str, Any] = {"role": m.role, "content": content}
     if m.tool_calls:
         out["tool_calls"] = [{"id": c.id, "type": "function",
                               "function": {"name": c.name, "arguments": c.arguments}}
@@ -291,6 +307,7 @@ class OpenAICompatibleProvider:
                                   f"({type(exc).__name__})") from None
         self._default_max_tokens = default_max_tokens
         self._default_temperature = default_temperature
+        self.vision = settings.vision
 
     def __repr__(self) -> str:
         return (f"OpenAICompatibleProvider(name={self.name!r}, url={self._shown_url!r}, "
@@ -309,9 +326,15 @@ class OpenAICompatibleProvider:
 
     def _request(self, request: LLMRequest, stream: bool,
                  key: str | None) -> urllib.request.Request:
+        messages = request.messages
+        if not self.vision:
+            messages, count = without_images(messages)
+            if count:
+                log.info("llm %s: %d image(s) not sent: the provider is not marked vision",
+                         self.name, count)
         body = {
             "model": self.model,
-            "messages": [_wire_message(m) for m in request.messages],
+            "messages": [_wire_message(m) for m in messages],
             "max_tokens": (request.max_tokens if request.max_tokens is not None
                            else self._default_max_tokens),
             "temperature": (request.temperature if request.temperature is not None
@@ -605,9 +628,11 @@ class OfflineProvider:
     MAX_MEMORIES = 2
 
     def complete(self, request: LLMRequest) -> Completion:
-        if request.options or request.tools:  # names only, never a value
+        images = ["images"] if any(m.images for m in request.messages) else []
+        if request.options or request.tools or images:  # names only, never a value
             log.info("offline provider: dropped what it cannot use: %s",
-                     ", ".join(sorted(request.options) + (["tools"] if request.tools else [])))
+                     ", ".join(sorted(request.options) + (["tools"] if request.tools else [])
+                               + images))
         picked: list[str] = []
         for i, memory in enumerate(request.memories):
             text = _one_line(memory, _MEMORY_CHARS)

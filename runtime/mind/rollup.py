@@ -37,6 +37,7 @@ cluster the same channel and level again until a newer apex arrives.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -69,9 +70,12 @@ CACHE_DIRNAME = "numba-cache"
 
 
 def numba_cache_dir(settings: Settings) -> Path:
-    """Where the compiled clustering code is cached: in the data dir. The runtime
-    may fill it once with ``clustering.warm_up(numba_cache_dir(settings))``."""
-    return settings.store.resolved_dir / CACHE_DIRNAME
+    """Where the compiled clustering code is cached: in the data dir, unless
+    numba's own ``NUMBA_CACHE_DIR`` is set in the environment (then there: one
+    cache for several data dirs, as the test suite has). The runtime may fill
+    it once with ``clustering.warm_up(numba_cache_dir(settings))``."""
+    given = os.environ.get("NUMBA_CACHE_DIR")
+    return Path(given) if given else settings.store.resolved_dir / CACHE_DIRNAME
 
 
 _SENTENCE = re.compile(r"(?<=[.!?…])\s+")
