@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 
 import ray
 
+from actors.cluster.placement import pin_here
 from actors.common import (
     CRON,
     EDGE,
@@ -88,8 +89,10 @@ PING_TIMEOUT_S = 10.0
 
 
 class Supervisor:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, cluster: bool = False) -> None:
         self.settings = settings
+        # On a cluster every actor here (the turn path) is pinned to this node, the hub.
+        self.placement: dict[str, Any] = pin_here() if cluster else {}
         self.namespace = settings.runtime.namespace
         self.handles: dict[str, Any] = {}
         self.clients: dict[str, ActorClient] = {}
@@ -134,7 +137,7 @@ class Supervisor:
             name=name, namespace=self.namespace, num_cpus=0,
             max_restarts=rt.max_restarts, max_task_retries=RETRIES[name],
             max_pending_calls=rt.max_pending_calls, get_if_exists=True,
-            max_concurrency=MAX_CONCURRENCY.get(name, 1),
+            max_concurrency=MAX_CONCURRENCY.get(name, 1), **self.placement,
         ).remote(self.settings)
 
     def status(self) -> Status:
@@ -180,6 +183,7 @@ class Supervisor:
         return self.http.address(timeout=PING_TIMEOUT_S) or None
 
 
-def start(settings: Settings) -> Supervisor:
-    """Start every actor (from this process, which then owns them); return the Supervisor."""
-    return Supervisor(settings)
+def start(settings: Settings, cluster: bool = False) -> Supervisor:
+    """Start every actor (from this process, which then owns them); return the Supervisor.
+    ``cluster``: pin them to this node (``actors.cluster.placement``)."""
+    return Supervisor(settings, cluster)
