@@ -5,9 +5,10 @@
   Ray restarts a crashed owner there too and never on a helper.
 - A job's actor asks for one unit of the helpers' custom resource
   (``[cluster] job_resource``, offered by ``reverie join``) when a live node
-  offers it; otherwise, on a cluster of more than one node, it is pinned
-  (softly) to the node its Cron actor runs on, the hub; on a single node it gets
-  no options at all (the single hub, unchanged).
+  offers it; otherwise, on a cluster of more than one node, it is pinned to
+  the node its Cron actor runs on, the hub (a hard affinity: with a soft one
+  Ray placed it on a plain node of the test cluster, ``tests/test_cluster.py``);
+  on a single node it gets no options at all (the single hub, unchanged).
 
 Ray keeps a dead node's resources out of ``ray.available_resources`` and marks it
 dead in ``ray.nodes()`` once its health checks fail, so a helper that goes away
@@ -49,5 +50,5 @@ def job_options(settings: Settings) -> dict[str, Any]:
         return {"resources": {resource: 1}}
     if sum(1 for n in ray.nodes() if n.get("Alive")) > 1:
         here = ray.get_runtime_context().get_node_id()
-        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=here, soft=True)}
+        return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id=here, soft=False)}
     return {}
