@@ -14,11 +14,15 @@ Both of Ray's own, on every node and every process that joins:
 
 Ray has two listeners neither covers, both Prometheus exporters that bind every
 interface once the node's address is not loopback: the dashboard head's
-(port 44227) and the dashboard agent's metrics export. A cluster node runs
-without the dashboard head (``include_dashboard=False``: reach Ray's state
-through ``reverie status`` or ``ray`` commands with the token), and its agent
-is started with ``--disable-metrics-collection`` (:func:`cluster_node`), so
-neither port opens. What is lost: Ray's and Reverie's metrics in Prometheus
+(port 44227) and the dashboard agent's metrics export. The head runs without
+the dashboard (``include_dashboard=False``: reach Ray's state through
+``reverie status`` or ``ray`` commands with the token), but Ray starts the
+dashboard's process all the same, without its web server and with its
+Prometheus server: :func:`cluster_node` adds ``--minimal`` to its command,
+which skips that. Every node's agent is started with
+``--disable-metrics-collection``. So neither port opens (checked by connecting
+in ``tests/test_cluster_listeners.py``, which caught the first one open when
+port 44227 was free on this machine). What is lost: Ray's and Reverie's metrics in Prometheus
 (``actors/metrics.py`` records become no-ops) on a cluster.
 """
 
@@ -35,6 +39,7 @@ from actors.cluster.pki import ClusterFiles
 
 AGENT_COMMAND = "--dashboard_agent_command="
 NO_METRICS = "--disable-metrics-collection"
+MINIMAL = "--minimal"
 
 
 def tls_environment(files: ClusterFiles) -> dict[str, str]:
@@ -86,7 +91,8 @@ def _without_metrics(command: list[str]) -> list[str]:
 def cluster_node() -> Iterator[None]:
     """While Ray starts a node in this process (``ray.init`` on the head,
     ``reverie join``'s worker node, a test's ``Cluster.add_node``): its
-    dashboard agent is told not to open its Prometheus export port."""
+    dashboard agent and, on the head, the dashboard's process are told not to
+    open their Prometheus ports."""
     from ray._private import ray_constants, services
 
     start_process = services.start_ray_process
@@ -95,6 +101,8 @@ def cluster_node() -> Iterator[None]:
                           *args: Any, **kwargs: Any) -> Any:
         if process_type == ray_constants.PROCESS_TYPE_RAYLET:
             command = _without_metrics(command)
+        elif process_type == ray_constants.PROCESS_TYPE_DASHBOARD and MINIMAL not in command:
+            command = [*command, MINIMAL]  # no Prometheus server (DashboardHead._setup_metrics)
         return start_process(command, process_type, *args, **kwargs)
 
     services.start_ray_process = start_ray_process
