@@ -17,6 +17,11 @@ loopback ``_node_ip_address`` to the machine's routable address
 does (the default on macOS and Windows).
 :func:`actors.discovery.loopback_environment` sets it; :func:`run` checks the
 node IP it got and refuses to run exposed.
+
+With ``--cluster`` the node is the head of the household's cluster instead
+(docs/scaling.md): on ``[cluster] node_ip``, with Ray's token auth and mutual
+TLS (``actors.cluster``), refused with exit 3 before Ray starts when the
+household's certificates or token are missing or wrong.
 """
 
 from __future__ import annotations
@@ -206,7 +211,7 @@ def ray_init_args(settings: Settings, address: str | None, verbose: bool) -> dic
     return args
 
 
-def _start_head(settings: Settings, init_args: dict[str, Any]) -> Any:
+def _start_head(settings: Settings, init_args: dict[str, Any], verbose: bool) -> Any:
     """``ray.init`` for a cluster's head: the hub's trimmed node (no autoscaler or
     log monitor, slower chores), the GCS on ``[cluster] port``, and the dashboard
     agent without its Prometheus export (``actors.cluster.security.cluster_node``)."""
@@ -217,7 +222,7 @@ def _start_head(settings: Settings, init_args: dict[str, Any]) -> Any:
 
     port = settings.cluster.port
 
-    with hub_node(log_monitor=False), cluster_node():
+    with hub_node(log_monitor=verbose), cluster_node():
         hub_params = parameter.RayParams
 
         class HeadParams(hub_params):  # type: ignore[misc,valid-type]
@@ -238,13 +243,13 @@ def exposed(address_info: dict[str, Any]) -> list[str]:
     return [host for host in hosts if not is_loopback(host)]
 
 
-def cluster_init_args(settings: Settings, node_ip: str) -> dict[str, Any]:
+def cluster_init_args(settings: Settings, node_ip: str, verbose: bool) -> dict[str, Any]:
     """The arguments of ``ray.init`` for the head of a household's cluster: on
     ``node_ip``, no dashboard head (its Prometheus port has no auth:
     ``actors.cluster.security``), Ray's directory private as on a hub."""
     rt = settings.runtime
     return {"namespace": rt.namespace, "logging_level": logging.WARNING,
-            "log_to_driver": False, "address": "local", "num_cpus": rt.num_cpus,
+            "log_to_driver": verbose, "address": "local", "num_cpus": rt.num_cpus,
             "object_store_memory": rt.object_store_mb * 1024 * 1024,
             "include_dashboard": False, "_node_ip_address": node_ip,
             "_temp_dir": str(private_ray_dir())}
@@ -313,13 +318,13 @@ def run(settings: Settings, address: str | None = None, verbose: bool = False,
 
     print("reverie: starting Ray…", file=sys.stderr, flush=True)
     try:
-        init_args = (cluster_init_args(settings, node_ip) if node_ip
+        init_args = (cluster_init_args(settings, node_ip, verbose) if node_ip
                      else ray_init_args(settings, address, verbose))
     except RuntimeError as exc:  # Ray's directory is not private
         print(f"reverie: refusing to start Ray: {exc}", file=sys.stderr)
         return EXIT_EXPOSED
     if node_ip:
-        ctx: Any = _start_head(settings, init_args)
+        ctx: Any = _start_head(settings, init_args, verbose)
     else:
         with nullcontext() if address else hub_node(log_monitor=verbose):
             ctx = ray.init(**init_args)

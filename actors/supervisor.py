@@ -10,6 +10,10 @@ The Supervisor is a plain object in the process that starts the runtime (the
 asks the actors themselves, :func:`gather_status`), and a Ray worker of its
 own cost ≈ 62 MiB PSS of the hub's 1.2 GiB for nothing the driver could not
 do. The driver owns the actors: when it stops (or dies), they stop.
+
+On a household's cluster (``reverie run --cluster``) every actor here, the
+turn path, is pinned to the driver's node, the hub (``actors.cluster.placement``);
+only job actors (started by Cron) go to helpers.
 """
 
 from __future__ import annotations
