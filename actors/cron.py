@@ -22,6 +22,8 @@ person's presence; durable, so a restart forgets neither), checks every
   ``runtime.mind.registry.due_jobs``). Each run gets its own job actor
   (``actors.job_actor``) that exists only while the run does; runs go one at a
   time, in a queue served by one thread, and a job is never queued twice.
+  On a cluster the job's actor goes to a helper node when one offers the
+  job resource, else to the hub (``actors.cluster.placement``).
   Whatever a run raises, and a job actor's death, is recorded as a failed run
   (``job_runs``); the next run and the next tick go on.
 
@@ -52,6 +54,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayTaskError
 
 from actors import metrics
+from actors.cluster.placement import job_options
 from actors.common import BadRequest, accept, open_store, setup_logging, unwrap
 from actors.handles import TranscriptClient, TurnsClient
 from actors.job_actor import JobActor
@@ -428,7 +431,8 @@ class CronActor:
         """Run the job in an actor of its own, then kill that actor."""
         cls: Any = ray.remote(JobActor)
         handle = cls.options(name=f"job-{name}-{run_id}", namespace=self.namespace, num_cpus=0,
-                             max_restarts=0, max_task_retries=0).remote(self.settings)
+                             max_restarts=0, max_task_retries=0,
+                             **job_options(self.settings)).remote(self.settings)
         limit = self.settings.jobs.budget_s * HARD_LIMIT
         try:
             return ray.get(handle.run.remote(name, target, now), timeout=limit)

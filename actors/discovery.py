@@ -126,7 +126,8 @@ def use_token(settings: Settings) -> Path:
 
 
 def prepare_client_auth(settings: Settings) -> None:
-    """Point Ray at the running runtime's token file, if it started its node with one.
+    """Point Ray at the running runtime's token file, if it started its node with one
+    (and at the household's certificates, for a cluster's head: ``"auth": "cluster"``).
 
     Must run before Ray is first imported: Ray reads its auth settings then."""
     try:
@@ -135,6 +136,12 @@ def prepare_client_auth(settings: Settings) -> None:
         return
     if isinstance(info, dict) and info.get("auth") == "token-file":
         use_token(settings)
+    elif isinstance(info, dict) and info.get("auth") == "cluster":
+        # a household's cluster: the token and this node's certificate (TLS)
+        from actors.cluster.pki import cluster_files
+        from actors.cluster.security import cluster_environment
+
+        cluster_environment(cluster_files(settings))
 
 
 def is_loopback(host: str) -> bool:

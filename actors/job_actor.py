@@ -107,6 +107,10 @@ class JobActor:
         once and answer its result; what it raises goes back to Cron."""
         fn = resolve(target)
         clock: Clock = SystemClock() if now is None else ManualClock(now)
+        if not self.settings.store.path.exists():  # a helper without the household's store
+            raise FileNotFoundError(
+                f"no household store at {self.settings.store.path} on this node: a job on a"
+                " helper needs the store on a shared path (docs/scaling.md)")
         store = guard(open_store(self.settings, clock))
         try:
             ctx = JobContext(store=store, writer=RemoteWriter(self.settings.runtime.namespace),

@@ -17,6 +17,11 @@ loopback ``_node_ip_address`` to the machine's routable address
 does (the default on macOS and Windows).
 :func:`actors.discovery.loopback_environment` sets it; :func:`run` checks the
 node IP it got and refuses to run exposed.
+
+With ``--cluster`` the node is the head of the household's cluster instead
+(docs/scaling.md): on ``[cluster] node_ip``, with Ray's token auth and mutual
+TLS (``actors.cluster``), refused with exit 3 before Ray starts when the
+household's certificates or token are missing or wrong.
 """
 
 from __future__ import annotations
@@ -206,14 +211,78 @@ def ray_init_args(settings: Settings, address: str | None, verbose: bool) -> dic
     return args
 
 
+def _start_head(settings: Settings, init_args: dict[str, Any], verbose: bool) -> Any:
+    """``ray.init`` for a cluster's head: the hub's trimmed node (no autoscaler or
+    log monitor, slower chores), the GCS on ``[cluster] port``, and the dashboard
+    agent without its Prometheus export (``actors.cluster.security.cluster_node``)."""
+    import ray
+    from ray._private import parameter
+
+    from actors.cluster.security import cluster_node
+
+    port = settings.cluster.port
+
+    with hub_node(log_monitor=verbose), cluster_node():
+        hub_params = parameter.RayParams
+
+        class HeadParams(hub_params):  # type: ignore[misc,valid-type]
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                kwargs.setdefault("gcs_server_port", port)
+                super().__init__(*args, **kwargs)
+
+        parameter.RayParams = HeadParams  # type: ignore[misc]
+        try:
+            return ray.init(**init_args)
+        finally:
+            parameter.RayParams = hub_params  # type: ignore[misc]
+
+
 def exposed(address_info: dict[str, Any]) -> list[str]:
     """The addresses of a node we started that are not loopback (none, if all is well)."""
     hosts = [str(address_info.get(key, "")) for key in ("node_ip_address", "gcs_address")]
     return [host for host in hosts if not is_loopback(host)]
 
 
-def run(settings: Settings, address: str | None = None, verbose: bool = False) -> int:
-    """Run the runtime in the foreground until Ctrl-C or SIGTERM; return the exit code."""
+def cluster_init_args(settings: Settings, node_ip: str, verbose: bool) -> dict[str, Any]:
+    """The arguments of ``ray.init`` for the head of a household's cluster: on
+    ``node_ip``, no dashboard head (its Prometheus port has no auth:
+    ``actors.cluster.security``), Ray's directory private as on a hub."""
+    rt = settings.runtime
+    return {"namespace": rt.namespace, "logging_level": logging.WARNING,
+            "log_to_driver": verbose, "address": "local", "num_cpus": rt.num_cpus,
+            "object_store_memory": rt.object_store_mb * 1024 * 1024,
+            "include_dashboard": False, "_node_ip_address": node_ip,
+            "_temp_dir": str(private_ray_dir())}
+
+
+def prepare_cluster(settings: Settings) -> tuple[str, str | None]:
+    """Before Ray is imported, for ``reverie run --cluster``: check the household's
+    certificates and token and turn on token auth and TLS. Returns the node's
+    address and None, or the address and the reason to refuse."""
+    from actors.cluster.pki import ClusterSecurityError, check, cluster_files
+    from actors.cluster.security import cluster_environment, routable_ip
+
+    node_ip = settings.cluster.node_ip or routable_ip()
+    files = cluster_files(settings)
+    try:
+        check(files, node_ip)
+    except ClusterSecurityError as exc:
+        return node_ip, str(exc)
+    cluster_environment(files)
+    return node_ip, None
+
+
+def run(settings: Settings, address: str | None = None, verbose: bool = False,
+        cluster: bool = False) -> int:
+    """Run the runtime in the foreground until Ctrl-C or SIGTERM; return the exit code.
+
+    ``cluster``: our own node is the head of the household's cluster, on a
+    routable address, with Ray's token auth and TLS between nodes; refused
+    (exit 3, with the reason) without the household's certificates and token."""
+    if cluster and address:
+        print("reverie: --cluster starts the head node; --address joins another cluster:"
+              " not both", file=sys.stderr)
+        return 2
     try:
         read_runtime(settings)
         print(f"reverie: already running for {settings.store.resolved_dir}", file=sys.stderr)
@@ -230,10 +299,18 @@ def run(settings: Settings, address: str | None = None, verbose: bool = False) -
         except ReplicaError as exc:
             print(f"reverie: cannot restore the store from the replica: {exc}", file=sys.stderr)
             return EXIT_EXPOSED
-    auth = prepare_node_auth(settings, address)  # before Ray is imported
+    node_ip = None
+    if cluster:  # before Ray is imported
+        node_ip, refused = prepare_cluster(settings)
+        if refused:
+            print(f"reverie: refusing to start a cluster: {refused}", file=sys.stderr)
+            return EXIT_EXPOSED
+        auth = "cluster"
+    else:
+        auth = prepare_node_auth(settings, address)  # before Ray is imported
     if address:  # after the auth settings: both refresh an already-imported Ray
         join_environment(address)
-    else:
+    elif not cluster:
         loopback_environment()
     import ray
 
@@ -241,13 +318,17 @@ def run(settings: Settings, address: str | None = None, verbose: bool = False) -
 
     print("reverie: starting Ray…", file=sys.stderr, flush=True)
     try:
-        init_args = ray_init_args(settings, address, verbose)
+        init_args = (cluster_init_args(settings, node_ip, verbose) if node_ip
+                     else ray_init_args(settings, address, verbose))
     except RuntimeError as exc:  # Ray's directory is not private
         print(f"reverie: refusing to start Ray: {exc}", file=sys.stderr)
         return EXIT_EXPOSED
-    with nullcontext() if address else hub_node(log_monitor=verbose):
-        ctx: Any = ray.init(**init_args)
-    if not address and (wrong := exposed(ctx.address_info)):
+    if node_ip:
+        ctx: Any = _start_head(settings, init_args, verbose)
+    else:
+        with nullcontext() if address else hub_node(log_monitor=verbose):
+            ctx = ray.init(**init_args)
+    if not address and not cluster and (wrong := exposed(ctx.address_info)):
         ray.shutdown()
         print(f"reverie: Ray bound the node to {', '.join(wrong)}, not loopback; refusing to"
               " run exposed (docs/security.md)", file=sys.stderr)
@@ -257,7 +338,7 @@ def run(settings: Settings, address: str | None = None, verbose: bool = False) -
         signal.signal(sig, lambda *_: stop.set())
     try:
         print("reverie: starting actors…", file=sys.stderr, flush=True)
-        sup = supervisor.start(settings)
+        sup = supervisor.start(settings, cluster=cluster)
         http = sup.http_address()
         # the Wyoming handle service runs in the HTTP actor (actors/http/wyoming.py)
         wyoming = (sup.http.call("wyoming_address", reply=str, retry=True, timeout=10.0)
@@ -269,6 +350,10 @@ def run(settings: Settings, address: str | None = None, verbose: bool = False) -
             "dashboard": ctx.dashboard_url or None, "http": http, "wyoming": wyoming})
         print(f"reverie: running (namespace {settings.runtime.namespace}, "
               f"data {settings.store.resolved_dir})")
+        if cluster:
+            print(f"reverie: cluster head at {ctx.address_info['gcs_address']} (token auth and"
+                  " TLS); add a helper with `reverie join "
+                  f"{ctx.address_info['gcs_address']}` on it")
         if http:
             print(f"reverie: HTTP API {http} (bearer token in "
                   f"{settings.store.resolved_dir / 'http-token'})")

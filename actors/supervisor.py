@@ -10,6 +10,10 @@ The Supervisor is a plain object in the process that starts the runtime (the
 asks the actors themselves, :func:`gather_status`), and a Ray worker of its
 own cost ≈ 62 MiB PSS of the hub's 1.2 GiB for nothing the driver could not
 do. The driver owns the actors: when it stops (or dies), they stop.
+
+On a household's cluster (``reverie run --cluster``) every actor here, the
+turn path, is pinned to the driver's node, the hub (``actors.cluster.placement``);
+only job actors (started by Cron) go to helpers.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from typing import Any, TypeVar
 
 import ray
 
+from actors.cluster.placement import pin_here
 from actors.common import (
     CRON,
     EDGE,
@@ -88,8 +93,10 @@ PING_TIMEOUT_S = 10.0
 
 
 class Supervisor:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, cluster: bool = False) -> None:
         self.settings = settings
+        # On a cluster every actor here (the turn path) is pinned to this node, the hub.
+        self.placement: dict[str, Any] = pin_here() if cluster else {}
         self.namespace = settings.runtime.namespace
         self.handles: dict[str, Any] = {}
         self.clients: dict[str, ActorClient] = {}
@@ -134,7 +141,7 @@ class Supervisor:
             name=name, namespace=self.namespace, num_cpus=0,
             max_restarts=rt.max_restarts, max_task_retries=RETRIES[name],
             max_pending_calls=rt.max_pending_calls, get_if_exists=True,
-            max_concurrency=MAX_CONCURRENCY.get(name, 1),
+            max_concurrency=MAX_CONCURRENCY.get(name, 1), **self.placement,
         ).remote(self.settings)
 
     def status(self) -> Status:
@@ -180,6 +187,7 @@ class Supervisor:
         return self.http.address(timeout=PING_TIMEOUT_S) or None
 
 
-def start(settings: Settings) -> Supervisor:
-    """Start every actor (from this process, which then owns them); return the Supervisor."""
-    return Supervisor(settings)
+def start(settings: Settings, cluster: bool = False) -> Supervisor:
+    """Start every actor (from this process, which then owns them); return the Supervisor.
+    ``cluster``: pin them to this node (``actors.cluster.placement``)."""
+    return Supervisor(settings, cluster)

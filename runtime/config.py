@@ -625,6 +625,20 @@ class ThreadSettings(_Section):
     resolve_similarity: float = Field(default=0.45, ge=-1.0, le=1.0)  # cosine
 
 
+class ClusterSettings(_Section):
+    """Hub plus helper nodes (``reverie run --cluster``, ``reverie join``): off unless
+    ``reverie run --cluster`` asks for it. The household's certificates and Ray token
+    live in ``dir`` (default ``<data dir>/cluster``, owner-only; made by
+    ``reverie cluster init``). Helpers offer ``job_slots`` of the custom Ray
+    resource ``job_resource``; job actors ask for one when a node offers it."""
+
+    dir: Path | None = None
+    node_ip: str = ""  # the routable address this node binds ("": the machine's own)
+    port: int = Field(default=6379, ge=1, le=65535)  # the head's GCS port
+    job_resource: str = Field(default="reverie_jobs", pattern=r"^[A-Za-z][A-Za-z0-9_]{0,63}$")
+    job_slots: int = Field(default=2, ge=1, le=64)
+
+
 class Settings(_Section):
     store: StoreSettings = StoreSettings()
     embedder: EmbedderSettings = EmbedderSettings()
@@ -644,6 +658,7 @@ class Settings(_Section):
     sync: SyncSettings = SyncSettings()
     research: ResearchSettings = ResearchSettings()
     threads: ThreadSettings = ThreadSettings()
+    cluster: ClusterSettings = ClusterSettings()
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
 
     @model_validator(mode="after")

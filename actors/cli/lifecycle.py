@@ -1,7 +1,9 @@
-"""``reverie run``, ``reverie init`` and ``reverie status``: start the runtime
-(:mod:`actors.node`), write a user configuration file (or, with ``--service``,
-a systemd unit that runs ``reverie run``), show the runtime's
-health (and, in words, the MQTT bridge, the location history and presence).
+"""``reverie run``, ``reverie join``, ``reverie cluster``, ``reverie init`` and
+``reverie status``: start the runtime (:mod:`actors.node`), join a household's
+cluster as a helper (:mod:`actors.cluster.join`) or make its certificates,
+write a user configuration file (or, with ``--service``, a systemd unit that
+runs ``reverie run``), show the runtime's health (and, in words, the MQTT
+bridge, the location history and presence).
 """
 
 from __future__ import annotations
@@ -21,7 +23,40 @@ from runtime.config import Settings
 def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
     from actors import node
 
-    return node.run(settings, address=args.address, verbose=args.verbose)
+    return node.run(settings, address=args.address, verbose=args.verbose,
+                    cluster=bool(getattr(args, "cluster", False)))
+
+
+def cmd_join(args: argparse.Namespace, settings: Settings) -> int:
+    from actors.cluster.join import join
+
+    return join(settings, args.address)
+
+
+def cmd_cluster_init(args: argparse.Namespace, settings: Settings) -> int:
+    """``reverie cluster init``: the household's CA, Ray token and the hub's certificate."""
+    from actors.cluster.pki import cluster_files, issue_node, make_ca, make_token
+    from actors.cluster.security import routable_ip
+
+    files = cluster_files(settings)
+    node_ip = args.node_ip or settings.cluster.node_ip or routable_ip()
+    make_ca(files)
+    make_token(files)
+    issue_node(files, node_ip, files)
+    print(f"made the household's CA, Ray token and this hub's certificate ({node_ip}) in"
+          f" {files.dir} (owner-only); start the head with `reverie run --cluster`")
+    return EXIT_OK
+
+
+def cmd_cluster_issue(args: argparse.Namespace, settings: Settings) -> int:
+    """``reverie cluster issue IP --out DIR``: a helper's bundle (no CA key)."""
+    from actors.cluster.pki import ClusterFiles, cluster_files, issue_node
+
+    out = ClusterFiles(args.out.expanduser())
+    issue_node(cluster_files(settings), args.node_ip, out)
+    print(f"wrote a helper's bundle for {args.node_ip} to {out.dir} (owner-only): copy it"
+          " to the helper's <data dir>/cluster (scp -rp), then run `reverie join` there")
+    return EXIT_OK
 
 
 def cmd_init(args: argparse.Namespace, settings: Settings | None) -> int:

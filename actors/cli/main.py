@@ -42,7 +42,14 @@ from actors.cli.graph import (
     cmd_viz,
 )
 from actors.cli.jobs import cmd_jobs, cmd_jobs_run, cmd_presence, cmd_remind
-from actors.cli.lifecycle import cmd_init, cmd_run, cmd_status
+from actors.cli.lifecycle import (
+    cmd_cluster_init,
+    cmd_cluster_issue,
+    cmd_init,
+    cmd_join,
+    cmd_run,
+    cmd_status,
+)
 from actors.cli.talk import cmd_chat, cmd_recall, cmd_say
 from actors.cli.transfer import cmd_backup_restore, cmd_backup_verify, cmd_import, cmd_reindex
 from actors.discovery import NoRuntime, prepare_client_auth
@@ -90,7 +97,26 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--address", help="join this existing Ray cluster instead of starting "
                      "a local node (its addresses are routable: see docs/security.md)")
     run.add_argument("--verbose", action="store_true", help="show the actors' logs")
+    run.add_argument("--cluster", action="store_true", help="be the head of the household's "
+                     "cluster: a routable address, Ray's token auth and TLS (docs/scaling.md)")
     run.set_defaults(func=cmd_run)
+
+    join = sub.add_parser("join", help="make this machine a helper node of a household's "
+                          "cluster: it runs jobs (docs/scaling.md)")
+    join.add_argument("address", help="the head's address, host:port")
+    join.set_defaults(func=cmd_join)
+
+    cluster = sub.add_parser("cluster", help="the household's cluster certificates and token")
+    cluster_sub = cluster.add_subparsers(dest="cluster_command", required=True)
+    cluster_init = cluster_sub.add_parser("init", help="make the CA, the Ray token and this "
+                                          "hub's certificate")
+    cluster_init.add_argument("--node-ip", help="this hub's routable address (default: "
+                              "cluster.node_ip, else the machine's own)")
+    cluster_init.set_defaults(func=cmd_cluster_init)
+    cluster_issue = cluster_sub.add_parser("issue", help="make a helper's bundle")
+    cluster_issue.add_argument("node_ip", help="the helper's routable address")
+    cluster_issue.add_argument("--out", type=Path, required=True, help="a new directory")
+    cluster_issue.set_defaults(func=cmd_cluster_issue)
 
     init = sub.add_parser("init", help="write a commented user configuration file")
     init.add_argument("--path", type=Path, help="where (default: $REVERIE_CONFIG or "
@@ -284,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"reverie: configuration error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if settings is not None and args.command != "run":
+    if settings is not None and args.command not in ("run", "join", "cluster"):
         # Ray reads its auth settings when first imported: nothing above imports it
         prepare_client_auth(settings)
     try:

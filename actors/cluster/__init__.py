@@ -1,0 +1,2 @@
+"""A household's cluster: certificates and token (pki), Ray's protections
+(security), where actors go (placement), a helper node (join)."""

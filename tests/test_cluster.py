@@ -1,0 +1,228 @@
+"""A hub with helper nodes, on Ray's multi-node tooling (``ray.cluster_utils.Cluster``).
+
+Three nodes on this machine, with the household's token auth and mutual TLS
+(``actors.cluster.security``): the head (the hub: the driver and the turn
+path), a helper offering the job resource (``[cluster] job_resource``), and a
+plain node offering something else. Checked:
+
+- the turn path (every actor the Supervisor starts) is on the head;
+- a job's actor runs on the helper;
+- after the helper is killed, turns still answer and the job runs again, on
+  the hub (not on the plain node).
+
+The cluster and its driver run in a subprocess of their own (this file, run as
+a script: :func:`harness`): the test session's own Ray (``ray_instance``, on
+loopback, without TLS) stays untouched, and a driver can be connected to one
+cluster at a time. The harness only acts (starts, sends a turn, fires a job,
+kills a node) and answers what it saw, one JSON line per command; every
+assertion is here. Waits are on conditions, with deadlines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_openai import FakeOpenAI
+
+from runtime.mind.contract import JobContext, JobResult
+
+ROOT = Path(__file__).resolve().parent.parent
+JOB_RESOURCE = "reverie_jobs"
+REPLY = "@@ "
+START_TIMEOUT_S = 300
+CALL_TIMEOUT_S = 240
+NODE_DEATH_TIMEOUT_S = 180
+
+
+def where(ctx: JobContext) -> JobResult:
+    """A job that answers the id of the Ray node it ran on (its ``detail``)."""
+    import ray
+
+    return JobResult(items=1, detail=ray.get_runtime_context().get_node_id())
+
+
+class Harness:
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        self.output: list[str] = []
+        threading.Thread(target=self._pump, daemon=True).start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout or []:
+            self.output.append(line)
+            if line.startswith(REPLY):
+                self.lines.put(line[len(REPLY):])
+        self.lines.put(None)
+
+    def answer(self, timeout: float) -> dict[str, Any]:
+        try:
+            line = self.lines.get(timeout=timeout)
+        except queue.Empty:
+            pytest.fail(f"the cluster harness did not answer in {timeout:.0f} s:\n"
+                        + "".join(self.output[-40:]))
+        if line is None:
+            pytest.fail(f"the cluster harness exited ({self.proc.wait()}):\n"
+                        + "".join(self.output[-40:]))
+        reply: dict[str, Any] = json.loads(line)
+        assert "error" not in reply, reply["error"]
+        return reply
+
+    def call(self, command: str, timeout: float = CALL_TIMEOUT_S) -> dict[str, Any]:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.answer(timeout)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> Iterator[Harness]:
+    root = tmp_path_factory.mktemp("cluster")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"),
+                                         env.get("PYTHONPATH", "")])
+    with FakeOpenAI() as server:
+        proc = subprocess.Popen(
+            [sys.executable, str(Path(__file__)), str(root), str(model_cache), server.base_url],
+            env=env, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
+        harness = Harness(proc)
+        try:
+            harness.answer(START_TIMEOUT_S)  # started
+            yield harness
+        finally:
+            if proc.poll() is None and proc.stdin is not None:
+                proc.stdin.close()  # the harness stops its driver and nodes
+                try:
+                    proc.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def test_turn_path_on_the_hub_jobs_on_the_helper_and_back_on_the_hub(
+        cluster: Harness) -> None:
+    nodes = cluster.call("nodes")
+    head, helper, plain = nodes["head"], nodes["helper"], nodes["plain"]
+    assert len({head, helper, plain}) == 3
+    assert nodes["driver"] == head
+    assert nodes["resources"][helper].get(JOB_RESOURCE) == 2
+    assert JOB_RESOURCE not in nodes["resources"][head]
+    turn_path = nodes["actors"]
+    assert {"transcript", "recall", "turns", "cron"} <= set(turn_path)
+    assert set(turn_path.values()) == {head}, turn_path
+
+    assert cluster.call("turn")["reply"]
+    ran = cluster.call("job")
+    assert ran["outcome"] == "ok", ran
+    assert ran["node"] == helper
+
+    gone = cluster.call("kill_helper", timeout=NODE_DEATH_TIMEOUT_S + 60)
+    assert gone["alive"] == sorted([head, plain])
+    assert cluster.call("turn")["reply"]  # the turn path never leaned on the helper
+    again = cluster.call("job")
+    assert again["outcome"] == "ok", again
+    assert again["node"] == head  # back on the hub, not on the plain node
+    assert set(cluster.call("nodes")["actors"].values()) == {head}
+
+
+# -- the harness: run as a script by the fixture ----------------------------------------
+
+
+def harness(root: Path, model_cache: Path, llm_url: str) -> None:  # pragma: no cover
+    """Start the cluster and the runtime, then answer commands from stdin."""
+    import time
+
+    from actors.cluster.pki import ClusterFiles, issue_node, make_ca, make_token
+    from actors.cluster.security import cluster_environment, cluster_node, routable_ip
+    from runtime.config import load_settings
+
+    def reply(**fields: Any) -> None:
+        print(REPLY + json.dumps(fields), flush=True)
+
+    ip = routable_ip()
+    files = ClusterFiles(root / "data" / "cluster")
+    make_ca(files)
+    make_token(files)
+    issue_node(files, ip, files)
+    cluster_environment(files)  # before Ray is imported: every node and the driver
+    import ray
+    from ray._private.state import state
+    from ray.cluster_utils import Cluster
+
+    from actors import supervisor
+    from actors.handles import CronClient, TurnsClient
+    from actors.messages import RunJob, UserTurn
+
+    settings = load_settings(env={}, overrides={
+        "store": {"data_dir": str(root / "data")}, "embedder": {"cache_dir": str(model_cache)},
+        "runtime": {"namespace": "cluster-test"},
+        "persona": {"global_dir": str(root / "persona")},
+        "llm": {"providers": [{"name": "local", "base_url": llm_url, "model": "tiny",
+                               "timeout_s": 30}]},
+        "http": {"enabled": False}, "jobs": {"extra": {"where": "test_cluster:where"}},
+    })
+    node_args: dict[str, Any] = {"node_ip_address": ip, "num_cpus": 1,
+                                 "object_store_memory": 80 * 1024 * 1024}
+    with cluster_node():
+        made = Cluster(initialize_head=True, head_node_args={**node_args,
+                                                              "include_dashboard": False})
+        helper = made.add_node(**node_args, resources={JOB_RESOURCE: 2})
+        plain = made.add_node(**node_args, resources={"other": 1})
+    made.wait_for_nodes()
+    ray.init(address=made.address, namespace=settings.runtime.namespace,
+             log_to_driver=False, logging_level="ERROR")
+    sup = supervisor.start(settings, cluster=True)
+    head_id = made.head_node.node_id
+
+    def actors_at() -> dict[str, str]:
+        return {str(a["Name"]): str(a["Address"]["NodeID"])
+                for a in state.actor_table(None).values()
+                if a["State"] == "ALIVE" and a["Name"] in sup.names}
+
+    def alive() -> list[str]:
+        return sorted(str(n["NodeID"]) for n in ray.nodes() if n["Alive"])
+
+    reply(started=True)
+    for line in sys.stdin:
+        command = line.strip()
+        try:
+            if command == "nodes":
+                reply(head=head_id, helper=helper.node_id, plain=plain.node_id,
+                      driver=ray.get_runtime_context().get_node_id(), actors=actors_at(),
+                      resources={str(n["NodeID"]): n["Resources"] for n in ray.nodes()
+                                 if n["Alive"]})
+            elif command == "turn":
+                got = TurnsClient(settings.runtime.namespace, 120).process(
+                    UserTurn(channel="chat", text="hello from the cluster test"))
+                reply(reply=got.text, turn_id=got.turn_id)
+            elif command == "job":
+                run = CronClient(settings.runtime.namespace, 200).run(
+                    RunJob(name="where", wait=True), timeout=200)
+                reply(outcome=run.outcome, node=run.detail, failure=run.error)
+            elif command == "kill_helper":
+                made.remove_node(helper, allow_graceful=False)
+                deadline = time.monotonic() + NODE_DEATH_TIMEOUT_S
+                while helper.node_id in alive() and time.monotonic() < deadline:
+                    time.sleep(1)  # polling a condition (Ray's health checks), with a deadline
+                reply(alive=alive())
+            else:
+                reply(error=f"unknown command {command!r}")
+        except Exception as exc:
+            reply(error=f"{type(exc).__name__}: {exc}")
+    sup.stop()
+    ray.shutdown()
+    made.shutdown()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    harness(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3])
