@@ -163,6 +163,8 @@ class RecallSettings(_Section):
     # this share of the best score less (runtime.recall.hybrid; 0: none)
     diversity: float = Field(default=0.0, ge=0.0, le=1.0)
     diversity_gap_s: float = Field(default=1800.0, ge=0.0)
+    # the best this many items are taken as they rank before the term applies
+    diversity_after: int = Field(default=0, ge=0, le=200)
     # multiply an episode's / a fact's final score (a turn's stays as it is), so
     # that the layers take part in recall with their own weights (issue 7; both
     # chosen leave-one-conversation-out on LoCoMo with --subconscious)

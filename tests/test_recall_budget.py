@@ -111,15 +111,17 @@ def test_diversity_makes_room_for_another_conversation(
     picked = []
     first: list[int] = []
     other = 0
-    for diversity in (0.0, 0.5):  # one store, read with either setting
+    # one store, read with each setting; diversity_after 2: the best two as they rank
+    for diversity, after in ((0.0, 0), (0.5, 0), (0.5, 2)):
         mem = memory_with(make_settings, clock, embedder, diversity=diversity,
-                          relative_floor=0.0)
+                          diversity_after=after, relative_floor=0.0)
         try:
             if not first:
                 first, other = conversations(mem, clock)
             picked.append(mem.recall("boiler pressure below one bar", max_items=2).refs)
         finally:
             mem.close()
-    plain, diverse = picked
+    plain, diverse, later = picked
     assert set(plain) <= {f"turn:{i}" for i in first}
     assert f"turn:{other}" in diverse and diverse[0] == plain[0]
+    assert later == plain

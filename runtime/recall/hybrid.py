@@ -688,7 +688,8 @@ class Recaller:
         covered = [False] * len(scored)  # from a conversation already chosen
         while scored and len(items) < max_items:
             pick = 0
-            if penalty > 0:  # the best once those of a chosen conversation are marked down
+            if penalty > 0 and len(items) >= self.settings.diversity_after:
+                # the best once those of a chosen conversation are marked down
                 pick = max(range(len(scored)),
                            key=lambda i: (scored[i][0] - penalty * covered[i], -i))
             score, cand = scored.pop(pick)
