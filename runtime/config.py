@@ -146,6 +146,25 @@ class RecallSettings(_Section):
     # pseudo-relevance feedback: weight of a second keyword search for the words
     # the best keyword hits share (runtime.recall.hybrid; 0: none)
     keyword_feedback: float = Field(default=0.3, ge=0.0, le=1.0)
+    # a query that knows the conversation (issue 25; runtime.recall.hybrid): the
+    # recent turns of the conversation a query is part of (the turns the caller
+    # excludes: the prompt's history) join it, this weight beside the message's
+    # 1 in the query vector and in the keyword search (0: the message alone)
+    context_query: float = Field(default=0.0, ge=0.0, le=1.0)
+    # at most this many of those turns, said at most context_window_s before the query
+    context_query_turns: int = Field(default=4, ge=0, le=20)
+    context_window_s: float = Field(default=1800.0, ge=0.0)
+    # a turn longer than this many tokens (about 4 characters each) is injected
+    # as an excerpt of that length: the stretch that holds most of the query's
+    # words, cited by the turn's ref (runtime.recall.excerpt; 0: whole turns)
+    excerpt_tokens: int = Field(default=0, ge=0)
+    # a budget that covers the ground: once an item from a conversation is in,
+    # another from the same one (same channel, within diversity_gap_s) scores
+    # this share of the best score less (runtime.recall.hybrid; 0: none)
+    diversity: float = Field(default=0.0, ge=0.0, le=1.0)
+    diversity_gap_s: float = Field(default=1800.0, ge=0.0)
+    # the best this many items are taken as they rank before the term applies
+    diversity_after: int = Field(default=0, ge=0, le=200)
     # multiply an episode's / a fact's final score (a turn's stays as it is), so
     # that the layers take part in recall with their own weights (issue 7; both
     # chosen leave-one-conversation-out on LoCoMo with --subconscious)

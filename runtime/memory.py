@@ -215,9 +215,10 @@ class Memory:
 
     def recall(self, query: str, now: float | None = None, max_items: int | None = None,
                max_tokens: int | None = None, exclude: Iterable[str] = (),
-               person: str | None = None) -> RecallResult:
+               person: str | None = None,
+               context: Iterable[str] | None = None) -> RecallResult:
         return self.recaller.recall(query, now=now, max_items=max_items, max_tokens=max_tokens,
-                                    exclude=exclude, person=person)
+                                    exclude=exclude, person=person, context=context)
 
     def counts(self) -> dict[str, int]:
         return self.store.counts()

@@ -40,6 +40,7 @@ from runtime.memories.mood import MoodService, congruence_bonus
 from runtime.memories.mood import current as current_mood
 from runtime.memories.threads import recall_bonus as thread_bonus
 from runtime.recall import temporal as temporal_recall
+from runtime.recall.excerpt import excerpt
 from runtime.store.database import Row, Store
 from runtime.store.fact_kinds import FactKinds
 from runtime.store.fts import MAX_QUERY_CHARS, TermCounts, match_expression, query_terms
@@ -86,6 +87,11 @@ FEEDBACK_MIN_TURNS = 50
 # Turns an episode or a fact contributes, best first, before the next items'
 # (RecallResult.cited_turns); the rest follow after every item's first ones.
 TURNS_PER_ITEM_FIRST = 3
+# A query that knows the conversation (recall.context_query): each turn further
+# back counts this much less than the one after it, in the query vector and
+# the context's keywords; at most this many of its words are searched for.
+CONTEXT_DECAY = 0.5
+CONTEXT_TERMS = 12
 # Raw turns age on the leaf time constant.
 TURN_TAU_DAYS = 14.0
 # Rows looked at on each side of a turn for its same-channel neighbours, per
@@ -156,6 +162,15 @@ def _date(ts: float, zone: tzinfo) -> str:
     return datetime.fromtimestamp(ts, tz=zone).strftime("%Y-%m-%d")
 
 
+@dataclass(frozen=True)
+class _Said:
+    """A recent turn of the conversation a query is part of (Recaller._conversation)."""
+
+    text: str
+    weight: float
+    vec: np.ndarray | None
+
+
 @dataclass
 class _Candidate:
     kind: str
@@ -207,24 +222,31 @@ class Recaller:
         max_tokens: int | None = None,
         exclude: Iterable[str] = (),
         person: str | None = None,
+        context: Iterable[str] | None = None,
     ) -> RecallResult:
         """Recall for ``query``. ``exclude``: refs left out before ranking (the
         turn being answered and the history already in the prompt). ``person``:
         scoped to that person's memories and the household's
-        (:func:`runtime.memories.privacy.in_scope`)."""
+        (:func:`runtime.memories.privacy.in_scope`). ``context``: refs of the
+        conversation's recent turns, oldest first, which join the query with
+        ``recall.context_query``'s weight (:meth:`_conversation`); default the
+        turns among ``exclude`` (the turn path's exclude is the prompt's history:
+        the conversation the query is part of)."""
         started = time.perf_counter()
         now = self.clock.now() if now is None else now
         max_items = self.settings.max_items if max_items is None else max_items
         max_tokens = self.settings.max_tokens if max_tokens is None else max_tokens
         query = query[:MAX_QUERY_CHARS]
         result = RecallResult(query=query)
+        exclude = list(exclude)
         if query.strip() and max_items > 0 and max_tokens > 0:
+            convo = self._conversation(exclude if context is None else context, now)
             # the keyword stage runs beside the query embedding (SQLite and
             # onnxruntime both let go of the GIL), on this recall's connection
             # while this thread does not use it
-            lexical = self._keywords.submit(self._lexical, query)
+            lexical = self._keywords.submit(self._lexical, query, convo)
             try:
-                qvec = self.embedder.embed([query])[0]
+                qvec = self._blend(self.embedder.embed([query])[0], convo)
                 cands = self._hybrid(query, qvec, now, lexical.result())
             except Exception as exc:  # the vector path failed: degrade, never raise
                 log.warning("recall vector path failed, using keyword fallback: %s", exc)
@@ -236,9 +258,51 @@ class Recaller:
                 cands = [c for c in cands if f"{c.kind}:{c.item_id}" not in skip]
             cands = [c for c in cands if privacy.recallable(c.kind, c.row)
                      and privacy.in_scope(person, privacy.row_person(c.kind, c.row))]
-            result.items = self._budget(cands, now, max_items, max_tokens)
+            result.items = self._budget(cands, now, max_items, max_tokens, query)
         result.elapsed_ms = (time.perf_counter() - started) * 1000
         return result
+
+    # -- the conversation ----------------------------------------------------
+
+    def _conversation(self, refs: Iterable[str], now: float) -> list[_Said]:
+        """The recent turns of the conversation (``refs``: turn refs, oldest
+        first) that join the query: the last ``recall.context_query_turns`` of
+        them said within ``recall.context_window_s`` before ``now``, latest
+        first, each with its weight (``recall.context_query`` for the latest,
+        each one before it :data:`CONTEXT_DECAY` times less) and its stored
+        vector (None: not indexed yet). None when ``recall.context_query`` is 0."""
+        s = self.settings
+        if s.context_query <= 0 or s.context_query_turns <= 0:
+            return []
+        ids = [int(r[5:]) for r in refs if r.startswith("turn:") and r[5:].isdigit()]
+        ids = ids[-s.context_query_turns:]
+        if not ids:
+            return []
+        marks = ",".join("?" * len(ids))
+        rows = self.store.rows(
+            f"SELECT id, content FROM transcript WHERE id IN ({marks})"
+            " AND created_at >= ? AND disabled = 0", [*ids, now - s.context_window_s])
+        vecs = dict(cast(list[tuple[int, bytes]], self.store.conn.execute(
+            f"SELECT item_id, vec FROM vectors WHERE kind = 'turn' AND item_id IN ({marks})",
+            ids).fetchall()))
+        rows.sort(key=lambda r: -r["id"])
+        return [_Said(str(row["content"]), s.context_query * CONTEXT_DECAY ** i,
+                      np.frombuffer(vecs[row["id"]], dtype=np.float32)
+                      if row["id"] in vecs else None)
+                for i, row in enumerate(rows)]
+
+    @staticmethod
+    def _blend(qvec: np.ndarray, convo: list[_Said]) -> np.ndarray:
+        """The query vector with the conversation's turn vectors blended in, each
+        with its weight (the message keeps weight 1), normalised."""
+        said = [(c.weight, c.vec) for c in convo if c.vec is not None]
+        if not said:
+            return qvec
+        blended = np.asarray(qvec, dtype=np.float32).copy()
+        for weight, vec in said:
+            blended += weight * vec
+        norm = float(np.linalg.norm(blended))
+        return blended / norm if norm > 0 else qvec
 
     # -- candidate generation ---------------------------------------------
 
@@ -265,12 +329,19 @@ class Recaller:
                 found[(kind, item_id)] = sims_by_label[label]
         return found, turn_floor
 
-    def _lexical(self, query: str) -> dict[Key, float]:
+    def _lexical(self, query: str,
+                 convo: list[_Said] | None = None) -> dict[Key, float]:
         expr = match_expression(query)
-        if expr is None:
-            return {}
-        k = self.settings.candidates
         found: dict[Key, float] = {}
+        if convo:
+            try:  # an extra: when it fails, the query's own keywords stand
+                self._context_keywords(query, convo, found)
+            except apsw.Error as exc:
+                log.warning("conversation keywords skipped: %s", type(exc).__name__)
+        if expr is None:
+            return found
+        k = self.settings.candidates
+        context_found, found = found, {}
         for kind, table, source, live in _FTS_SOURCES:
             # rank inside FTS5 first (over-fetching), then keep the recallable rows:
             # joining every match before ranking costs twice as much on big stores
@@ -284,12 +355,52 @@ class Recaller:
             best = max(score for _, score in hits) or 1.0
             for rowid, score in hits:
                 found[(kind, int(rowid))] = max(0.0, float(score) / best)
+        for key, score in context_found.items():
+            found[key] = found.get(key, 0.0) + score
         if self.settings.keyword_feedback > 0:
             try:  # an extra: when it fails, the keywords found stand
                 self._feedback(query, found)
             except apsw.Error as exc:
                 log.warning("keyword feedback skipped: %s", type(exc).__name__)
         return found
+
+    def _context_keywords(self, query: str, convo: list[_Said],
+                          found: dict[Key, float]) -> None:
+        """The conversation's words beyond the query's own (at most
+        :data:`CONTEXT_TERMS`, by their turns' summed weights, leaving out
+        words in more than :data:`FEEDBACK_MAX_SHARE` of the turns) are
+        searched for among the turns; a turn found scores the context's
+        weight (``recall.context_query``) times that search's normalised
+        bm25. ``found`` is filled in place."""
+        asked = set(query_terms(query))
+        weights: dict[str, float] = {}
+        for said in convo:  # latest first: ties keep its words first
+            for term in query_terms(said.text):
+                if term not in asked:
+                    weights[term] = weights.get(term, 0.0) + said.weight
+        if not weights:
+            return
+        if self._words is None:
+            self._words = TermCounts(self.store.conn, "transcript_fts", "transcript")
+        most = max(FEEDBACK_MIN_TURNS, FEEDBACK_MAX_SHARE * self._words.rows())
+        docs = self._words.docs(weights)
+        terms = sorted((t for t in weights if 0 < docs[t] <= most),
+                       key=lambda t: -weights[t])[:CONTEXT_TERMS]
+        expr = match_expression(" ".join(terms))
+        if expr is None:
+            return
+        k = self.settings.candidates
+        hits = list(self.store.conn.execute(
+            "SELECT f.rowid, f.score FROM (SELECT rowid, -bm25(transcript_fts) AS score"
+            " FROM transcript_fts WHERE transcript_fts MATCH ? ORDER BY bm25(transcript_fts)"
+            f" LIMIT ?) f JOIN transcript ON transcript.id = f.rowid WHERE {_RECALLABLE['turn']}"
+            " ORDER BY f.score DESC LIMIT ?", (expr, k * LEXICAL_OVERFETCH, k)))
+        if not hits:
+            return
+        best = max(score for _, score in hits) or 1.0
+        share = self.settings.context_query
+        for rowid, score in hits:
+            found[("turn", int(rowid))] = share * max(0.0, float(score) / best)
 
     def _feedback(self, query: str, found: dict[Key, float]) -> None:
         """Pseudo-relevance feedback: the words the best keyword hits among the
@@ -563,27 +674,37 @@ class Recaller:
         return score
 
     def _budget(self, cands: list[_Candidate], now: float, max_items: int,
-                max_tokens: int) -> list[RecallItem]:
+                max_tokens: int, query: str = "") -> list[RecallItem]:
         if not cands:
             return []
         scored = sorted(((self._final(c), c) for c in cands),
                         key=lambda sc: (-sc[0], KINDS.index(sc[1].kind), sc[1].item_id))
         floor = self.settings.relative_floor * scored[0][0]
+        scored = [sc for sc in scored if sc[0] >= floor]
+        penalty = self.settings.diversity * scored[0][0]
         items: list[RecallItem] = []
         used = 0
         seared = 0
-        for score, cand in scored:
-            if score < floor or len(items) >= max_items:
-                break
+        covered = [False] * len(scored)  # from a conversation already chosen
+        while scored and len(items) < max_items:
+            pick = 0
+            if penalty > 0 and len(items) >= self.settings.diversity_after:
+                # the best once those of a chosen conversation are marked down
+                pick = max(range(len(scored)),
+                           key=lambda i: (scored[i][0] - penalty * covered[i], -i))
+            score, cand = scored.pop(pick)
+            covered.pop(pick)
             if cand.row.get("memory_level") == "seared":  # at most a couple at once
                 if seared >= self.settings.max_seared:
                     continue
                 seared += 1
-            text = render(cand.kind, cand.row, self.zone)
+            text = self._text(cand, query)
             tokens = approx_tokens(text)
             if used + tokens > max_tokens:
                 break
             used += tokens
+            if penalty > 0:
+                covered = [was or self._near(c, cand) for was, (_, c) in zip(covered, scored)]
             items.append(RecallItem(
                 ref=f"{cand.kind}:{cand.item_id}", kind=cand.kind, item_id=cand.item_id,
                 text=text, score=round(score, 6), relevance=round(cand.relevance, 6),
@@ -592,6 +713,26 @@ class Recaller:
                 turns=cand.turns, tokens=tokens, sensitive=bool(cand.row.get("sensitive")),
                 person=privacy.row_person(cand.kind, cand.row)))
         return items
+
+    def _text(self, cand: _Candidate, query: str) -> str:
+        """A memory's text for the prompt; a long turn's an excerpt
+        (``recall.excerpt_tokens``, :mod:`runtime.recall.excerpt`)."""
+        n = self.settings.excerpt_tokens
+        if cand.kind == "turn" and n > 0 and approx_tokens(str(cand.row["content"])) > n:
+            row = {**cand.row, "content": excerpt(str(cand.row["content"]), query, n)}
+            return render(cand.kind, row, self.zone)
+        return render(cand.kind, cand.row, self.zone)
+
+    def _near(self, cand: _Candidate, chosen: _Candidate) -> bool:
+        """Whether ``cand`` is from the same conversation as ``chosen``: both
+        turns on one channel within ``recall.diversity_gap_s``, or citing one
+        of the same turns."""
+        if cand.kind == "turn" and chosen.kind == "turn":
+            return (cand.row.get("channel") == chosen.row.get("channel")
+                    and abs(float(cand.row.get("created_at") or 0)
+                            - float(chosen.row.get("created_at") or 0))
+                    <= self.settings.diversity_gap_s)
+        return bool(set(cand.turns).intersection(chosen.turns))
 
 
 def _same_channel(channel_of: dict[int, str], me: int, channel: str, span: int,
