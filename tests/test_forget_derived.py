@@ -194,9 +194,9 @@ def test_forgetting_a_turn_forgets_what_quotes_it(memory: Memory) -> None:
     parent = memory.add_episode(EpisodeIn(channel="voice", source="user", level=1,
                                           gist=f"{SECRET}. Tomatoes.", cites=[turn, other],
                                           children=[leaf], started_at=now, ended_at=now))
-    fact, _ = memory.add_fact(FactIn(kind="user_specific", subject="Caroline",
-                                     key="concern_lawyer", value=SECRET, confidence=0.9,
-                                     source="user", provenance=[f"turn:{turn}", "rule:x"]))
+    resting, _ = memory.add_fact(FactIn(kind="user_specific", subject="Caroline",
+                                        key="concern_lawyer", value=SECRET, confidence=0.9,
+                                        source="user", provenance=[f"turn:{turn}", "rule:x"]))
     unrelated, _ = memory.add_fact(FactIn(kind="user_specific", subject="Caroline",
                                           key="hobby", value="Caroline grows tomatoes",
                                           confidence=0.9, source="user",
@@ -214,6 +214,7 @@ def test_forgetting_a_turn_forgets_what_quotes_it(memory: Memory) -> None:
 
     assert ids(memory, "episodes") == [kept]
     assert [r["id"] for r in memory.store.rows("SELECT id FROM facts")] == [unrelated]
+    assert resting != unrelated
     assert ids(memory, "digests") == [offline]  # by_model: the model saw the day's lines
     assert {by_model, citing_leaf, pruned}.isdisjoint(ids(memory, "digests"))
     assert everywhere(memory, SECRET) == []

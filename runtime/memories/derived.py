@@ -264,10 +264,15 @@ def _rewrite_compactions(store: Store, text: str, writer: str) -> int:
     """Rewrite the compaction summaries that quote ``text`` without it, and scrub
     their write-log entries. A compaction row is kept (its watermark says how far
     the channel is consolidated); only its summary changes."""
-    if not quotes(text):
+    found = quotes(text)
+    if not found:
         return 0
+    # a summary quoting it holds one of its quotes, or (clipped) its first characters
+    looked_for = [*found, " ".join(text.split())[:MIN_QUOTE]]
+    where = " OR ".join("instr(summary, ?) > 0" for _ in looked_for)
     rewritten = 0
-    for row in store.rows("SELECT id, summary FROM compactions ORDER BY id"):
+    for row in store.rows(f"SELECT id, summary FROM compactions WHERE {where} ORDER BY id",
+                          looked_for):
         new = summary_without(str(row["summary"]), text)
         if new != row["summary"]:
             store.update(writer, "compactions", row["id"], {"summary": new})
