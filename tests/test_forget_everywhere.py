@@ -170,6 +170,7 @@ def planted(running: Running, tmp_path_factory: pytest.TempPathFactory) -> Plant
                      " LIMIT 1", (f"%{SECRET} is very ill%",))
 
     # the recall tool's answer in a pull channel's turn, as runtime.recall.pull writes it
+    RecallClient(NS).sync()  # what the jobs wrote is indexed
     found = RecallClient(NS).recall(Recall(query=f"Ana's sister {SECRET} bicycle chain",
                                            max_items=20))
     shown = [i for i in found.items if holds(i.text)]

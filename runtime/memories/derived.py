@@ -34,11 +34,14 @@ go, the header and the watermark stay). The write-log entries of a rewritten
 row are scrubbed like a forgotten row's (:meth:`Store.forget_history`).
 
 :func:`forget_citing` is called by the services that forget facts
-(:class:`runtime.memories.facts.GraphService`) and episodes
-(:class:`runtime.memories.episodes.EpisodeService`), inside their write transaction:
+(:class:`runtime.memories.facts.GraphService`), episodes
+(:class:`runtime.memories.episodes.EpisodeService`) and turns
+(:class:`runtime.memories.transcript.TranscriptService`, before the turn's row
+goes: its citations lead to its episodes), inside their write transaction:
 a cascade, like the schema's own ``ON DELETE CASCADE``. So forgetting an
-episode may write tables the Graph actor otherwise writes alone, and
-forgetting a fact the episodes table; SQLite serialises the writers. The
+episode may write tables the Graph actor otherwise writes alone, forgetting a
+fact the episodes table, and forgetting any of them the Transcript actor's
+``tool_calls`` and ``compactions``; SQLite serialises the writers. The
 vectors of cascaded facts and episodes stay in the index until its next
 compaction: recall joins every hit against the rows, so none is returned.
 """
