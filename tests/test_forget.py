@@ -40,13 +40,16 @@ def fill(services: Services) -> dict[str, Ref]:
     """One turn (with a tool call), one episode and one fact holding the secret,
     beside rows that do not."""
     t, e, g = services.transcript, services.episodes, services.graph
-    t.append(TurnIn(channel="hall", source="user", content="good morning everyone"))
+    morning = t.append(TurnIn(channel="hall", source="user", content="good morning everyone"))
     turn = t.append(TurnIn(channel="hall", source="user", speaker="Ana",
                            content=f"the locker code is {SECRET}"))
     t.add_tool_call(turn, "unlock", {"code": SECRET}, f"opened with {SECRET}")
     t.set_citations(turn, ["fact:1"])  # an update: its before/after hold the content too
     e.add(EpisodeIn(channel="hall", source="user", gist="breakfast chat"))
-    episode = e.add(EpisodeIn(channel="hall", source="user", cites=[turn],
+    # cites a turn other than the secret's: forgetting that turn would take the
+    # episode with it (runtime.memories.derived; tests/test_forget_everywhere.py),
+    # and each kind is forgotten on its own here
+    episode = e.add(EpisodeIn(channel="hall", source="user", cites=[morning],
                               gist=f"Ana shared the locker code {SECRET}"))
     g.add(FactIn(kind="place", subject="Ana", key="lives_in", value="Porto"))
     fact, _ = g.add(FactIn(kind="user_specific", subject="locker", key="code", value=SECRET))

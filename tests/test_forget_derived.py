@@ -1,7 +1,10 @@
 """Forgetting a fact or an episode forgets the summaries written from it: the
 portrait versions and the digests that cite it, live or already pruned, with
-their content in the write log (runtime.memories.derived). On a real SQLite store with
-the real model (the ``memory`` fixture)."""
+their content in the write log (runtime.memories.derived). Forgetting a turn
+forgets what quotes it; a forgotten memory's lines leave stored tool results and
+its gist the compaction summaries. On a real SQLite store with the real model
+(the ``memory`` fixture). The same through a running runtime and the command
+line: tests/test_forget_everywhere.py."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from runtime.memories.episodes import EpisodeIn
 from runtime.memories.facts import FactIn
 from runtime.memories.portrait import PortraitIn, PortraitLine
 from runtime.memories.refs import Ref
+from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
 from runtime.mind import dmn
 from runtime.store.job_state import get_state, set_state
@@ -149,3 +153,151 @@ def test_a_finding_not_told_yet_leaves_the_reflections_list(memory: Memory) -> N
     assert get_state(memory.store, "dmn", "unsummarised") == ["a finding about tomatoes"]
     assert SECRET not in log_text(memory, "facts")
     assert derived.REFLECTION == dmn.SOURCE  # the names runtime.mind.dmn writes under
+
+
+# -- what quotes a turn, tool results, compaction summaries (issue 24) ---------------
+
+
+def a_turn(memory: Memory, content: str, channel: str = "voice") -> int:
+    return memory.add_turn(TurnIn(channel=channel, source="user", speaker="Caroline",
+                                  content=content))
+
+
+def everywhere(memory: Memory, text: str) -> list[str]:
+    """The tables (every one of sqlite_master, FTS5 shadow tables too) with a row
+    holding ``text``."""
+    found = []
+    for (table,) in memory.store.conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'"):
+        for row in memory.store.conn.execute(f'SELECT * FROM "{table}"'):
+            if any(text.encode() in (v if isinstance(v, bytes) else str(v).encode())
+                   for v in row if v is not None):
+                found.append(str(table))
+                break
+    return found
+
+
+def test_forgetting_a_turn_forgets_what_quotes_it(memory: Memory) -> None:
+    """The episodes citing it (the leaf and the roll-up above it), the facts
+    resting on it, the digests written from those and a language model's digest
+    of its day (live, or pruned with its text in the log); each with its content
+    in the write log. What does not quote it stays."""
+    turn = a_turn(memory, f"{SECRET}, she told me this morning.")
+    other = a_turn(memory, "Caroline planted tomatoes in the back garden.")
+    now = memory.store.clock.now()
+    leaf = memory.add_episode(EpisodeIn(
+        channel="voice", source="user", gist=f"Caroline: {SECRET}, she told me this morning.",
+        cites=[turn, other], started_at=now, ended_at=now))
+    kept = memory.add_episode(EpisodeIn(channel="voice", source="user", cites=[other],
+                                        gist="Caroline planted tomatoes.", started_at=now,
+                                        ended_at=now))
+    parent = memory.add_episode(EpisodeIn(channel="voice", source="user", level=1,
+                                          gist=f"{SECRET}. Tomatoes.", cites=[turn, other],
+                                          children=[leaf], started_at=now, ended_at=now))
+    resting, _ = memory.add_fact(FactIn(kind="user_specific", subject="Caroline",
+                                        key="concern_lawyer", value=SECRET, confidence=0.9,
+                                        source="user", provenance=[f"turn:{turn}", "rule:x"]))
+    unrelated, _ = memory.add_fact(FactIn(kind="user_specific", subject="Caroline",
+                                          key="hobby", value="Caroline grows tomatoes",
+                                          confidence=0.9, source="user",
+                                          provenance=[f"turn:{other}"]))
+    [by_model, pruned] = memory.write_digests(DigestBatch(digests=[
+        DigestIn(period="day", key="2026-06-01", starts_at=now - 60, ends_at=now + 60,
+                 text="A quiet day about the garden.", refs=[f"episode:{kept}"], how="llm"),
+        DigestIn(period="week", key="2026-W22", starts_at=now - 3600, ends_at=now + 3600,
+                 text=f"The week: {SECRET}.", refs=[f"episode:{kept}"], how="llm")]))
+    memory.write_digests(DigestBatch(prune=[pruned]))
+    offline = digest(memory, "day", "2026-06-02", "Tomatoes planted.", [f"episode:{kept}"])
+    citing_leaf = digest(memory, "month", "2026-06", f"June: {SECRET}.", [f"episode:{leaf}"])
+
+    memory.change(Ref("turn", turn), "delete")
+
+    assert ids(memory, "episodes") == [kept]
+    assert [r["id"] for r in memory.store.rows("SELECT id FROM facts")] == [unrelated]
+    assert resting != unrelated
+    assert ids(memory, "digests") == [offline]  # by_model: the model saw the day's lines
+    assert {by_model, citing_leaf, pruned}.isdisjoint(ids(memory, "digests"))
+    assert everywhere(memory, SECRET) == []
+    assert everywhere(memory, "she told me") == []
+    assert parent not in ids(memory, "episodes")
+
+
+def test_forgetting_a_memory_takes_its_lines_out_of_tool_results(memory: Memory) -> None:
+    """The pull-mode recall tool's answer, stored in another turn's tool call:
+    the forgotten fact's line goes, the others stay; the write log of that tool
+    call (and of one gone with a pruned turn) keeps no content."""
+    lawyer = a_fact(memory, "concern_lawyer", SECRET)
+    garden = a_fact(memory, "hobby_garden", "Caroline grows tomatoes")
+    answer = (f"- [fact:{lawyer}] Caroline concern_lawyer: {SECRET}\n"
+              f"- [fact:{garden}] Caroline hobby_garden: Caroline grows tomatoes")
+    asked = memory.add_turn(TurnIn(channel="chat", source="assistant", role="assistant",
+                                   content="Here is what I know."))
+    call = memory.transcript.add_tool_call(asked, "recall", {"query": "Caroline"}, answer)
+    gone_turn = memory.add_turn(TurnIn(channel="chat", source="assistant", role="assistant",
+                                       content="Earlier."))
+    memory.transcript.add_tool_call(gone_turn, "recall", {"query": "x"}, answer)
+    memory.store.delete("janitor", "transcript", gone_turn)  # pruned: its calls by cascade
+
+    memory.change(Ref("fact", lawyer), "delete")
+
+    row = memory.store.row("SELECT result FROM tool_calls WHERE id = ?", (call,))
+    assert row == {"result": f"- [fact:{garden}] Caroline hobby_garden: Caroline grows tomatoes"}
+    assert everywhere(memory, SECRET) == []
+    assert memory.transcript.get(asked) is not None  # the turn stays
+
+
+def test_forgetting_an_episode_rewrites_the_compaction_summaries_quoting_it(
+        memory: Memory) -> None:
+    """The summary keeps its header, its watermark and the other gists; the write
+    log of the compaction keeps no content."""
+    private = an_episode(memory, f"Caroline: {SECRET} since the spring.")
+    an_episode(memory, "Melanie: we planted tomatoes in the back garden.")
+    turn = a_turn(memory, "hello", channel="kitchen")
+    summary = (f"Conversation on kitchen up to 2026-06-01 10:00: Caroline: {SECRET} since the "
+               "spring. … Melanie: we planted tomatoes in the back garden.")
+    compaction = memory.compact("kitchen", summary, turn)
+    untouched = memory.compact("kitchen", "Conversation on kitchen up to 2026-06-02 10:00: "
+                                          "nothing new to remember.", turn)
+
+    memory.change(Ref("episode", private), "delete")
+
+    assert memory.store.rows("SELECT id, summary, watermark FROM compactions ORDER BY id") == [
+        {"id": compaction, "watermark": turn, "summary": "Conversation on kitchen up to "
+         "2026-06-01 10:00: Melanie: we planted tomatoes in the back garden."},
+        {"id": untouched, "watermark": turn, "summary": "Conversation on kitchen up to "
+         "2026-06-02 10:00: nothing new to remember."}]
+    assert everywhere(memory, SECRET) == []
+
+
+def test_a_summary_loses_the_gist_quoting_a_text_clipped_or_not() -> None:
+    gist = f"Caroline: {SECRET} since the spring, and she has not told her mother yet."
+    head = "Conversation on kitchen up to 2026-06-01 10:00"
+    other = "Melanie: we planted tomatoes."
+    assert derived.summary_without(f"{head}: {other} … {gist}", gist) == f"{head}: {other}"
+    clipped = f"{head}: {other} … {gist[:40]}…"  # distil clips the summary at its end
+    assert derived.summary_without(clipped, gist) == f"{head}: {other}"
+    # a turn's sentence copied into an extractive gist, under its speaker's name
+    turn = f"Good morning. {SECRET} since the spring!"
+    assert derived.summary_without(f"{head}: Ana: {SECRET} since the spring; Ben: ok", turn
+                                   ) == f"{head}: {derived.FORGOTTEN}"
+    assert derived.summary_without(f"{head}: {other}", gist) == f"{head}: {other}"
+    assert derived.summary_without(f"{head}: {other}", "Oh no.") == f"{head}: {other}"
+
+
+def test_find_matching_searches_tool_calls(memory: Memory) -> None:
+    """A client tool's result names its turn; a recall answer whose only matching
+    line is that of a memory found already does not (forgetting the memory takes
+    the line out)."""
+    fact = a_fact(memory, "concern_lawyer", SECRET)
+    told = memory.add_turn(TurnIn(channel="voice", source="assistant", role="assistant",
+                                  content="I read your notes."))
+    memory.transcript.add_tool_call(told, "read_notes", {}, f"Friday: {SECRET} at ten")
+    recalled = memory.add_turn(TurnIn(channel="chat", source="assistant", role="assistant",
+                                      content="Here is what I know."))
+    memory.transcript.add_tool_call(recalled, "recall", {"query": "Caroline"},
+                                    f"- [fact:{fact}] Caroline concern_lawyer: {SECRET}")
+    found = memory.find_matching(SECRET)
+    assert [str(m.ref) for m in found] == [f"fact:{fact}", f"turn:{told}"]
+    assert found[1].text == f"tool read_notes: Friday: {SECRET} at ten"
+    assert memory.find_matching("Friday ten")[0].ref == Ref("turn", told)
+    assert memory.find_matching("Friday eleven") == []

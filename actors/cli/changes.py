@@ -1,6 +1,12 @@
 """``reverie remember``, ``forget``, ``disable``, ``enable`` and ``sensitive``:
 write a user-managed fact, change a memory by its ref (or, for ``forget`` and
 ``disable``, the memories ``--matching`` some words, after asking).
+
+``forget --matching`` lists the turns, episodes and facts holding every word,
+then the turns whose tool calls do (``runtime.memories.refs.find_matching``),
+and forgets them in that order. Forgetting one forgets what quotes it
+(``runtime.memories.derived``), so an item further down may be gone already
+when its turn comes: it is said, and the command goes on.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ def _change(remote: Remote, ref: str, change: str) -> str:
 
 def _change_command(args: argparse.Namespace, settings: Settings, change: str) -> int:
     from actors.messages import FindMemories
+    from runtime.memories.refs import NoSuchItem
 
     if bool(args.ref) == bool(args.matching):
         raise ValueError("give either a ref (turn:12, episode:3, fact:7) or --matching TEXT")
@@ -59,7 +66,10 @@ def _change_command(args: argparse.Namespace, settings: Settings, change: str) -
         print("nothing changed")
         return EXIT_OK
     for item in found.items:
-        print(_change(remote, item.ref, change))
+        try:
+            print(_change(remote, item.ref, change))
+        except NoSuchItem:  # forgotten a moment ago, with a memory quoting it
+            print(f"{item.ref.replace(':', ' ')} gone already, with what it was written from")
     return EXIT_OK
 
 

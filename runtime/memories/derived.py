@@ -16,12 +16,32 @@ findings rest on, word for word, in facts that recall returns and in an
 episode that tells them. Those are forgotten with their source too, and what
 cites them in turn.
 
+A turn is quoted too (issue 24): an episode's gist copies its words (the
+offline gist word for word, a model's in its own words), a fact extracted from
+it says what it said, and a daily digest written by a language model was given
+the day's user lines. What cannot be told apart from the turn's words is
+forgotten whole, never rewritten: forgetting a turn forgets the episodes citing
+it (the leaf and the roll-ups above it: they cite their children's turns), the
+facts whose provenance names it, and the digests a language model wrote for a
+period holding it; and then, each in turn, what was written from those.
+
+Two kinds of row keep other text beside a memory's and are rewritten instead,
+the row kept: a turn's stored tool results (the pull-mode ``recall`` tool's
+answer is one ``- [ref] text`` line per memory: the lines of a forgotten ref
+go) and the compaction summaries (:mod:`runtime.mind.distil` joins the last
+gists of a channel with " … ": the gists quoting a forgotten episode or turn
+go, the header and the watermark stay). The write-log entries of a rewritten
+row are scrubbed like a forgotten row's (:meth:`Store.forget_history`).
+
 :func:`forget_citing` is called by the services that forget facts
-(:class:`runtime.memories.facts.GraphService`) and episodes
-(:class:`runtime.memories.episodes.EpisodeService`), inside their write transaction:
+(:class:`runtime.memories.facts.GraphService`), episodes
+(:class:`runtime.memories.episodes.EpisodeService`) and turns
+(:class:`runtime.memories.transcript.TranscriptService`, before the turn's row
+goes: its citations lead to its episodes), inside their write transaction:
 a cascade, like the schema's own ``ON DELETE CASCADE``. So forgetting an
-episode may write tables the Graph actor otherwise writes alone, and
-forgetting a fact the episodes table; SQLite serialises the writers. The
+episode may write tables the Graph actor otherwise writes alone, forgetting a
+fact the episodes table, and forgetting any of them the Transcript actor's
+``tool_calls`` and ``compactions``; SQLite serialises the writers. The
 vectors of cascaded facts and episodes stay in the index until its next
 compaction: recall joins every hit against the rows, so none is returned.
 """
@@ -29,6 +49,8 @@ compaction: recall joins every hit against the rows, so none is returned.
 from __future__ import annotations
 
 import logging
+import re
+from dataclasses import dataclass
 
 from runtime.memories.portrait import PortraitIn, PortraitService
 from runtime.store.database import Store
@@ -50,8 +72,16 @@ _COLUMN = {"portraits": "lines", "digests": "refs"}
 #: the job-state key of the findings it has not told in an episode yet.
 REFLECTION = "dmn"
 UNTOLD = "unsummarised"
-#: A finding is matched in a ``dmn`` episode's gist on its first characters.
+#: A finding is matched in a ``dmn`` episode's gist on its first characters;
+#: so is a forgotten text (a gist, a turn's sentence) in a compaction summary.
 QUOTED = 80
+#: The shortest sentence of a forgotten text looked for in a compaction summary:
+#: a shorter one ("Oh no.") would match gists that never quoted it.
+MIN_QUOTE = 12
+#: What is left of a tool result or a summary whose every part was forgotten.
+FORGOTTEN = "(forgotten)"
+#: distil's separator between the gists of a compaction summary.
+GIST_SEPARATOR = " … "
 
 
 def citing(store: Store, table: str, ref: str) -> tuple[list[int], list[int]]:
@@ -72,9 +102,19 @@ def citing(store: Store, table: str, ref: str) -> tuple[list[int], list[int]]:
     return live, sorted(logged - set(live))
 
 
-def forget_citing(store: Store, ref: str, writer: str) -> int:
+@dataclass(frozen=True)
+class _Gone:
+    """A memory just forgotten (or about to be: a turn), and what it said."""
+
+    ref: str
+    text: str = ""
+
+
+def forget_citing(store: Store, ref: str, writer: str, text: str = "") -> int:
     """Forget everything written from ``ref`` (a fact or an episode just
-    forgotten), with its write-log content; return how many rows went.
+    forgotten, or a turn about to be: its citations are read first), with its
+    write-log content; ``text`` is what it said (a gist, a turn's content, a
+    fact's value). Return how many rows went or were rewritten.
 
     - The portrait versions and digests citing it. When the latest portrait
       version goes, a new one takes its place with its other lines: the prompt
@@ -83,39 +123,165 @@ def forget_citing(store: Store, ref: str, writer: str) -> int:
       synthesis run.
     - The reflection's findings citing it (facts of source ``dmn``, which quote
       the episodes and facts they rest on), the ``dmn`` episodes telling them,
-      and the told-later list in the reflection's state. What goes is followed
-      in turn: a digest citing a ``dmn`` episode goes too."""
+      and the told-later list in the reflection's state.
+    - For a turn: the episodes citing it, the facts whose provenance names it,
+      and the digests a language model wrote for a period holding it.
+    - Rewritten, not forgotten: the lines naming it in stored tool results, and
+      the gists quoting its text in compaction summaries.
+
+    What goes is followed in turn: a digest citing a ``dmn`` episode goes too."""
     forgotten = 0
-    todo, done = [ref], set()
+    todo, done = [_Gone(ref, text)], set()
     with store.write_transaction():
         while todo:
-            ref = todo.pop()
-            if ref in done:
+            gone = todo.pop()
+            if gone.ref in done:
                 continue
-            done.add(ref)
+            done.add(gone.ref)
+            ref = gone.ref
+            if ref.startswith("turn:"):
+                todo.extend(_quoting_turn(store, int(ref[5:]), writer))
             replacement = _latest_without(store, ref)
             for table in _REFS:
-                live, gone = citing(store, table, ref)
+                live, logged = citing(store, table, ref)
                 for row_id in live:
                     store.forget(writer, table, row_id)
-                for row_id in gone:
+                for row_id in logged:
                     store.forget_history(table, row_id)
-                forgotten += len(live) + len(gone)
+                forgotten += len(live) + len(logged)
             if replacement is not None:
                 _portraits(store).add(replacement, writer)
             findings = _findings_citing(store, ref)
-            for fact_id in findings:
-                _forget_finding(store, fact_id, writer)
-                todo.append(f"fact:{fact_id}")
+            for fact_id, value in findings.items():
+                _forget_fact(store, fact_id, writer)
+                todo.append(_Gone(f"fact:{fact_id}", value))
             told = _telling(store, list(findings.values()))
             _drop_untold(store, list(findings.values()))
             for episode_id in told:
-                store.forget(writer, "episodes", episode_id)
-                todo.append(f"episode:{episode_id}")
+                todo.append(_Gone(f"episode:{episode_id}", _forget_episode(store, episode_id,
+                                                                           writer)))
             forgotten += len(findings) + len(told)
+            forgotten += _scrub_tool_results(store, ref, writer)
+            forgotten += _rewrite_compactions(store, gone.text, writer)
     if forgotten:
         log.info("forgot %d memories and summaries made from a forgotten memory", forgotten)
     return forgotten
+
+
+def _quoting_turn(store: Store, turn_id: int, writer: str) -> list[_Gone]:
+    """Forget what quotes the turn ``turn_id`` (still stored) without being told
+    apart from it: the episodes citing it, the facts resting on it, the digests a
+    language model wrote for a period holding it. Return the memories that went
+    (their own quoting is the caller's next step)."""
+    gone: list[_Gone] = []
+    for row in store.rows("SELECT DISTINCT episode_id FROM episode_citations"
+                          " WHERE transcript_id = ? ORDER BY episode_id", (turn_id,)):
+        episode_id = int(row["episode_id"])
+        gone.append(_Gone(f"episode:{episode_id}", _forget_episode(store, episode_id, writer)))
+    ref = f"turn:{turn_id}"
+    for row in store.rows("SELECT id, value FROM facts f WHERE EXISTS ("
+                          " SELECT 1 FROM json_each(f.provenance) j WHERE j.value = ?)"
+                          " ORDER BY id", (ref,)):
+        _forget_fact(store, int(row["id"]), writer)
+        gone.append(_Gone(f"fact:{row['id']}", str(row["value"])))
+    at = store.scalar("SELECT created_at FROM transcript WHERE id = ?", (turn_id,))
+    if at is not None:
+        for row in store.rows("SELECT id FROM digests WHERE how = 'llm' AND starts_at <= ?"
+                              " AND ? < ends_at", (at, at)):
+            store.forget(writer, "digests", int(row["id"]))
+        for side in ("before", "after"):  # pruned ones: their text is in the log
+            for row in store.rows(
+                    f"SELECT DISTINCT row_id FROM write_log WHERE table_name = 'digests'"
+                    f" AND json_extract({side}, '$.how') = 'llm'"
+                    f" AND json_extract({side}, '$.starts_at') <= ?"
+                    f" AND ? < json_extract({side}, '$.ends_at')", (at, at)):
+                store.forget_history("digests", int(row["row_id"]))
+    return gone
+
+
+def _forget_episode(store: Store, episode_id: int, writer: str) -> str:
+    """Forget an episode (as :class:`runtime.memories.episodes.EpisodeService`
+    does, less the cascade: the caller follows it); return its gist."""
+    row = store.forget(writer, "episodes", episode_id)
+    return "" if row is None else str(row["gist"])
+
+
+def _scrub_tool_results(store: Store, ref: str, writer: str) -> int:
+    """Take the lines naming ``ref`` (``- [fact:12] ...``: the pull-mode recall
+    tool's answer) out of every stored tool result, and their content out of the
+    write log (that of tool calls gone with a pruned turn too)."""
+    mark = f"[{ref}]"
+    rewritten = 0
+    for row in store.rows("SELECT id, result FROM tool_calls WHERE instr(result, ?) > 0",
+                          (mark,)):
+        kept = [line for line in str(row["result"]).split("\n") if mark not in line]
+        store.update(writer, "tool_calls", row["id"], {"result": "\n".join(kept) or FORGOTTEN})
+        store.forget_history("tool_calls", int(row["id"]))
+        rewritten += 1
+    for row in store.rows("SELECT DISTINCT row_id FROM write_log WHERE table_name ="
+                          " 'tool_calls' AND (instr(before, ?) > 0 OR instr(after, ?) > 0)",
+                          (mark, mark)):
+        store.forget_history("tool_calls", int(row["row_id"]))
+    return rewritten
+
+
+def quotes(text: str) -> list[str]:
+    """What of a forgotten ``text`` a summary would hold if it copied it: its
+    start and each of its sentences (at least :data:`MIN_QUOTE` characters, at
+    most :data:`QUOTED`: a copied sentence may be clipped after that)."""
+    flat = " ".join(text.split())
+    found = [flat[:QUOTED]] if len(flat) >= MIN_QUOTE else []
+    for sentence in re.split(r"(?<=[.!?;])\s+", flat):
+        sentence = sentence.rstrip(".!?;…").strip()[:QUOTED]
+        if len(sentence) >= MIN_QUOTE and sentence not in found:
+            found.append(sentence)
+    return found
+
+
+def summary_without(summary: str, text: str) -> str:
+    """``summary`` (a compaction's: "Conversation on CHANNEL up to WHEN: " and
+    gists joined by " … ", clipped) less the gists quoting ``text``; the header
+    and the other gists as they were. The same summary when none quotes it."""
+    found = quotes(text)
+    if not found:
+        return summary
+    flat = " ".join(text.split())
+    head, sep, body = summary.partition(": ")
+    if not sep or not head.startswith("Conversation on "):
+        head, body = "", summary
+    parts = body.split(GIST_SEPARATOR)
+
+    def quoting(part: str) -> bool:
+        clipped = part.endswith("…") and part[:-1].rstrip()
+        return (any(q in part for q in found)
+                or bool(clipped and len(clipped) >= MIN_QUOTE and clipped in flat))
+
+    kept = [p for p in parts if not quoting(p)]
+    if len(kept) == len(parts):
+        return summary
+    rest = GIST_SEPARATOR.join(kept) or FORGOTTEN
+    return f"{head}: {rest}" if head else rest
+
+
+def _rewrite_compactions(store: Store, text: str, writer: str) -> int:
+    """Rewrite the compaction summaries that quote ``text`` without it, and scrub
+    their write-log entries. A compaction row is kept (its watermark says how far
+    the channel is consolidated); only its summary changes."""
+    found = quotes(text)
+    if not found:
+        return 0
+    # a summary quoting it holds one of its quotes, or (clipped) its first characters
+    looked_for = [*found, " ".join(text.split())[:MIN_QUOTE]]
+    where = " OR ".join("instr(summary, ?) > 0" for _ in looked_for)
+    rewritten = 0
+    for row in store.rows(f"SELECT id, summary FROM compactions WHERE {where} ORDER BY id",
+                          looked_for):
+        new = summary_without(str(row["summary"]), text)
+        if new != row["summary"]:
+            store.update(writer, "compactions", row["id"], {"summary": new})
+            store.forget_history("compactions", int(row["id"]))
+            rewritten += 1
+    return rewritten
 
 
 def _findings_citing(store: Store, ref: str) -> dict[int, str]:
@@ -126,7 +292,9 @@ def _findings_citing(store: Store, ref: str) -> dict[int, str]:
         (REFLECTION, ref))}
 
 
-def _forget_finding(store: Store, fact_id: int, writer: str) -> None:
+def _forget_fact(store: Store, fact_id: int, writer: str) -> None:
+    """Forget a fact (as :class:`runtime.memories.facts.GraphService` does, less
+    the cascade: the caller follows it)."""
     for row in store.rows("SELECT id FROM facts WHERE superseded_by = ?", (fact_id,)):
         store.update(writer, "facts", row["id"], {"superseded_by": None})
     store.forget(writer, "facts", fact_id)

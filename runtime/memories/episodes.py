@@ -168,12 +168,14 @@ class EpisodeService:
         """Delete an episode for good, content scrubbed from the write log; return
         it, or None if there was none. Its citations go with it (they hold only
         ids); episodes it rolled up lose their parent and stay tombstoned. The
-        portrait versions and digests citing it are forgotten with it
-        (:mod:`runtime.memories.derived`)."""
+        portrait versions and digests citing it are forgotten with it, and its
+        gist leaves the compaction summaries and its lines the stored tool
+        results (:mod:`runtime.memories.derived`)."""
         with self.store.write_transaction():
             gone = self.store.forget(writer, "episodes", episode_id)
             if gone is not None:
-                derived.forget_citing(self.store, f"episode:{episode_id}", writer)
+                derived.forget_citing(self.store, f"episode:{episode_id}", writer,
+                                      str(gone["gist"]))
             return gone
 
     def citations(self, episode_id: int) -> list[int]:

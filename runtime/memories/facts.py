@@ -253,14 +253,16 @@ class GraphService:
         write log keeps only that it existed (:meth:`Store.forget`). Facts it
         superseded keep their closed windows; none is reopened, since deleting a
         claim does not make an older one true again. The portrait versions citing
-        it are forgotten with it (:mod:`runtime.memories.derived`)."""
+        it are forgotten with it, and its lines leave the stored tool results
+        (:mod:`runtime.memories.derived`)."""
         with self.store.write_transaction():
             for row in self.store.rows(
                     "SELECT id FROM facts WHERE superseded_by = ?", (fact_id,)):
                 self.store.update(writer, "facts", row["id"], {"superseded_by": None})
             gone = self.store.forget(writer, "facts", fact_id)
             if gone is not None:  # the portrait versions made from it go too
-                derived.forget_citing(self.store, f"fact:{fact_id}", writer)
+                derived.forget_citing(self.store, f"fact:{fact_id}", writer,
+                                      str(gone["value"]))
             return gone
 
     delete = forget

@@ -18,6 +18,7 @@ index lives with the caller.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
@@ -97,10 +98,60 @@ def all_terms(text: str) -> str | None:
 
 def find_matching(store: Store, text: str, limit: int = 20) -> list[Match]:
     """Turns, episodes and facts (disabled or not) containing every word of
-    ``text``, best keyword match first, at most ``limit``."""
+    ``text``, best keyword match first, at most ``limit``; then the turns whose
+    stored tool calls do (:func:`tool_matches`), within the same limit."""
     expr = all_terms(text)
     if expr is None or limit < 1:
         return []
+    found = _memory_matches(store, expr, limit)
+    found += tool_matches(store, query_terms(text), {str(m.ref) for m in found},
+                          limit - len(found))
+    return found
+
+
+def tool_matches(store: Store, terms: list[str], refs: set[str], limit: int) -> list[Match]:
+    """The turns whose tool calls hold every one of ``terms`` (whole words, any
+    case), newest first, at most ``limit``: a client tool's result (the voice
+    layer keeps them), the arguments the model called a tool with, or the
+    pull-mode recall tool's answer. A turn is named (``turn:N``) since a tool
+    call is part of the turn it was made for and goes with it.
+
+    The recall tool's answer holds one ``- [ref] text`` line per memory; the
+    lines of memories in ``refs`` (found already) are left out of the search:
+    forgetting those memories takes their lines out of the answer
+    (:mod:`runtime.memories.derived`), and the turn need not go with them. The
+    table has no full-text index: a scan (``LIKE`` on the longest term, then
+    every term as a whole word), over the tool calls only."""
+    if not terms or limit < 1:
+        return []
+    words = [re.compile(rf"(?<!\w){re.escape(t)}(?!\w)", re.IGNORECASE) for t in terms]
+    like = "%" + max(terms, key=len).replace("\\", "\\\\").replace("%", "\\%").replace(
+        "_", "\\_") + "%"
+    marks = [f"[{r}]" for r in refs]
+    seen: dict[int, Match] = {}
+    for row in store.rows(
+            "SELECT c.transcript_id AS turn, c.name AS name, c.arguments AS arguments,"
+            " c.result AS result, c.created_at AS created_at, t.disabled AS disabled"
+            " FROM tool_calls c JOIN transcript t ON t.id = c.transcript_id"
+            " WHERE c.result LIKE :like ESCAPE '\\' OR c.arguments LIKE :like ESCAPE '\\'"
+            " ORDER BY c.id DESC", {"like": like}):
+        turn = int(row["turn"])
+        if turn in seen or f"turn:{turn}" in refs:
+            continue
+        result = "\n".join(line for line in str(row["result"] or "").split("\n")
+                           if not any(m in line for m in marks))
+        said = f"{row['arguments']}\n{result}"
+        if all(w.search(said) for w in words):
+            shown = " ".join(f"tool {row['name']}: {result}".split())
+            seen[turn] = Match(Ref("turn", turn), shown[:300], float(row["created_at"]),
+                               bool(row["disabled"]))
+            if len(seen) >= limit:
+                break
+    return list(seen.values())
+
+
+def _memory_matches(store: Store, expr: str, limit: int) -> list[Match]:
+    """Turns, episodes and facts matching the FTS5 expression ``expr``."""
     scored: list[tuple[float, Match]] = []
     for kind, fts, table, shown, when in _SEARCHED:
         rows = store.rows(

@@ -9,7 +9,8 @@ compaction summaries persist; a turn's tool calls go with it.
 
 A user can disable a turn (hidden from recall and the index, reversibly) or
 forget it: the row, its tool calls, their FTS terms and vectors go, and the
-write log keeps only that they existed (:meth:`runtime.store.database.Store.forget`).
+write log keeps only that they existed (:meth:`runtime.store.database.Store.forget`);
+what quotes it goes or is rewritten without it (:mod:`runtime.memories.derived`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from runtime.memories import derived
 from runtime.memories.location import live_location
 from runtime.memories.profiles import MemoryProfiles
 from runtime.store.database import Row, Store
@@ -142,8 +144,17 @@ class TranscriptService:
 
     def forget(self, turn_id: int, writer: str = WRITER) -> Row | None:
         """Delete a turn and its tool calls for good, content scrubbed from the
-        write log; return the turn, or None if there was none."""
+        write log; return the turn, or None if there was none. What quotes it
+        goes with it, in the same transaction (:mod:`runtime.memories.derived`):
+        the episodes citing it, the facts resting on it and what was written from
+        those; its lines in other turns' tool results and the compaction
+        summaries' gists quoting it are rewritten without it."""
         with self.store.write_transaction():
+            turn = self.get(turn_id)
+            if turn is None:
+                return None
+            # first: the episodes citing it are found through its citations
+            derived.forget_citing(self.store, f"turn:{turn_id}", writer, str(turn["content"]))
             calls = [r[0] for r in self.store.conn.execute(
                 "SELECT id FROM tool_calls WHERE transcript_id = ?", (turn_id,))]
             for call_id in calls:

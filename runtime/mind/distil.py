@@ -65,7 +65,7 @@ from runtime.llm.providers import (
     parse_json_answer,
 )
 from runtime.llm.queue import PendingEntry, PendingQueue
-from runtime.memories import privacy
+from runtime.memories import derived, privacy
 from runtime.memories.emotion import LABELS, NEUTRAL, read_emotion
 from runtime.memories.episodes import EpisodeIn
 from runtime.memories.profiles import MemoryProfiles
@@ -639,7 +639,10 @@ class _Run:
 
     def compact(self, channel: str) -> None:
         """Move the channel's watermark up to its position, but below its oldest
-        queued segment, with a continuity summary."""
+        queued segment, with a continuity summary: the channel's last gists
+        (never a sensitive one), word for word. Forgetting one of those episodes,
+        or a turn a gist copied, rewrites the summary without that gist
+        (:mod:`runtime.memories.derived`)."""
         target = self.position(channel)
         held = [min(p.entry.payload["turn_ids"]) for p in self.queue.entries()
                 if p.entry.kind == QUEUE_KIND and p.entry.payload.get("channel") == channel
@@ -653,8 +656,9 @@ class _Run:
         when = ("" if last is None else " up to " + datetime.fromtimestamp(
             float(last), self.distiller.zone).strftime("%Y-%m-%d %H:%M"))
         gists = self.recent.get(channel, [])
-        summary = (f"Conversation on {channel}{when}: " + " … ".join(gists) if gists
-                   else f"Conversation on {channel}{when}: nothing new to remember.")
+        # the shape runtime.memories.derived.summary_without takes a forgotten gist out of
+        summary = (f"Conversation on {channel}{when}: " + derived.GIST_SEPARATOR.join(gists)
+                   if gists else f"Conversation on {channel}{when}: nothing new to remember.")
         self.ctx.writer.compact(channel, _clip(summary, 1200), target, WRITER)
 
     def load(self, channel: str, ids: Sequence[int]) -> list[Turn]:
