@@ -65,7 +65,8 @@ def plant(services: Services) -> list[Ref]:
     episode = e.add(EpisodeIn(channel="hall", source="user", cites=[turn],
                               gist=f"Ana said the code is {SECRET}"))
     fact, _ = g.add(FactIn(kind="user_specific", subject="locker", key="code", value=SECRET))
-    return [Ref("turn", turn), Ref("episode", episode), Ref("fact", fact)]
+    # the turn last: forgetting it takes the episode citing it too (derived.py)
+    return [Ref("episode", episode), Ref("fact", fact), Ref("turn", turn)]
 
 
 @pytest.fixture
