@@ -545,6 +545,9 @@ class ConnectorSettings(_Section):
     max_download_bytes: int = Field(default=16 * 1_048_576, ge=65536, le=512 * 1_048_576)
     timeout_s: float = Field(default=20.0, gt=0, le=300)
     ca_file: Path | None = None  # a CA bundle for a server with its own certificate
+    # Send the password in clear (http://, or imap:// without STARTTLS) to a host
+    # that is not loopback. Off: such a connector is refused before it connects.
+    allow_plaintext: bool = False
     enabled: bool = True
 
     @model_validator(mode="before")

@@ -305,7 +305,7 @@ class Broker:
         with self.log.open("ab") as log:
             self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.conf)],
                                          stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30  # for a broken start only: a busy machine is slow
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, self.log.read_text()
             try:
@@ -367,20 +367,20 @@ class Client:
         self.connected.clear()
         self.client.connect("127.0.0.1", self.port, keepalive=30)
         self.client.loop_start()
-        assert self.connected.wait(5), "no CONNACK"
+        assert self.connected.wait(30), "no CONNACK"  # deadlines for a broken run only
         return self
 
     def subscribe(self, topic: str, qos: int = 1) -> None:
         self.subscribed.clear()
         self.client.subscribe(topic, qos=qos)
-        assert self.subscribed.wait(5), "no SUBACK"
+        assert self.subscribed.wait(30), "no SUBACK"
 
     def publish(self, topic: str, payload: str, qos: int = 1, retain: bool = False) -> None:
         info = self.client.publish(topic, payload, qos=qos, retain=retain)
-        info.wait_for_publish(5)
+        info.wait_for_publish(30)
         assert info.is_published()
 
-    def receive(self, timeout: float = 5) -> mqtt.MQTTMessage:
+    def receive(self, timeout: float = 30) -> mqtt.MQTTMessage:
         return self.messages.get(timeout=timeout)
 
     def close(self) -> None:

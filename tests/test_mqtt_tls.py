@@ -101,11 +101,11 @@ def publish_fix(port: int, *, username: str | None = None, password: str | None 
     client.connect("127.0.0.1", port)
     client.loop_start()
     try:
-        assert wait_for(lambda: bool(connected), 10)
+        assert wait_for(lambda: bool(connected), 30)
         assert not connected[0].is_failure, f"the phone was refused: {connected[0]}"
         at = time.time() - 5
         info = client.publish(FIX_TOPIC, owntracks(38.7223, -9.1393, at), qos=1)
-        info.wait_for_publish(timeout=10)
+        info.wait_for_publish(timeout=30)
         assert info.is_published()
         return at
     finally:

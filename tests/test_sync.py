@@ -49,6 +49,7 @@ GOOD = "pw-GOOD-5b1e9c42"  # the real password: a marker that must never be logg
 WRONG = "pw-WRONG-0c7d2a17"
 PW_ENV = "REVERIE_TEST_SYNC_PASSWORD"
 BAD_PW_ENV = "REVERIE_TEST_SYNC_BAD_PASSWORD"
+PROBE, PROBE_PW = "probe", "pw-PROBE-9d31"  # Dovecot's second user: the tests' own logins
 DOVECOT = shutil.which("dovecot") or "/usr/sbin/dovecot"
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -103,7 +104,7 @@ class Radicale:
     test's own setup (independent of the code under test)."""
 
     def __init__(self, workdir: Path, tls: Pki | None = None,
-                 sync_collection: bool = True) -> None:
+                 sync_collection: bool = True, log_level: str = "warning") -> None:
         self.port = free_port()
         self.base = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
         (workdir / "users").write_text(f"{USER}:{GOOD}\n")
@@ -116,8 +117,9 @@ class Radicale:
             "htpasswd_encryption = plain\ndelay = 0\n"
             f"[storage]\nfilesystem_folder = {workdir / 'collections'}\n"
             "[rights]\ntype = owner_only\n"
-            "[logging]\nlevel = warning\n")
-        self.log = (workdir / "radicale.log").open("wb")
+            f"[logging]\nlevel = {log_level}\n")
+        self.log_path = workdir / "radicale.log"  # at info: a line per request received
+        self.log = self.log_path.open("wb")
         # without sync-collection: Radicale's application behind a server that
         # refuses that one REPORT (tests/radicale_without_sync.py)
         command = (["-m", "radicale", "-C", str(conf)] if sync_collection else
@@ -246,7 +248,8 @@ class Dovecot:
         for folder in (self.maildir, self.maildir / ".Private", self.maildir / ".Receipts"):
             for sub in ("cur", "new", "tmp"):
                 (folder / sub).mkdir(parents=True)
-        (self.root / "passwd").write_text(f"{USER}:{{PLAIN}}{GOOD}\n")
+        (self.root / "passwd").write_text(f"{USER}:{{PLAIN}}{GOOD}\n"
+                                          f"{PROBE}:{{PLAIN}}{PROBE_PW}\n")
         if os.geteuid() == 0:
             nobody = pwd.getpwnam("nobody")
             self.uid, self.gid = nobody.pw_uid, nobody.pw_gid

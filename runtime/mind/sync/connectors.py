@@ -28,6 +28,11 @@ changed event, is retired: its fact is superseded by one saying it was
 removed (history is kept). Occurrences that merely fell out of the window are
 left as they are.
 
+A password never goes in clear to a host that is not loopback: an ``http://``
+URL with credentials, or an IMAP server without STARTTLS, is refused
+(:class:`PlaintextRefused`, before anything is sent) unless the connector has
+``allow_plaintext = true``.
+
 Every network call has a timeout (``timeout_s``; a response that trickles in
 is cut after :data:`DEADLINE_FACTOR` times that), and every download is
 bounded (``max_download_bytes``). A failure is raised as a :class:`SyncError`
@@ -129,6 +134,12 @@ class MissingSecret(SyncError):
 
 class ConfigProblem(SyncError):
     pass
+
+
+class PlaintextRefused(SyncError):
+    """The password would go in clear (plain http, or IMAP without TLS) to a host
+    that is not loopback, and the connector's settings do not allow it
+    (``allow_plaintext``). Raised before the password is sent."""
 
 
 def classify(exc: BaseException) -> SyncError:
@@ -307,6 +318,27 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def refuse_plaintext(settings: ConnectorSettings, host: str, refusal: str) -> None:
+    """The password is about to go in clear to ``host``: refused with
+    ``refusal`` unless the host is loopback or the connector allows it."""
+    if is_loopback(host):
+        return
+    if not settings.allow_plaintext:
+        raise PlaintextRefused(f"{refusal}, or set allow_plaintext = true for this connector")
+    log.warning("sync %s: its password goes in clear to another host (allow_plaintext)",
+                settings.name)
+
+
+def _refuse_plain_http(run: ConnectorRun) -> None:
+    """Credentials over an http:// URL (Basic auth: the password in clear) to a
+    host that is not loopback: refused, unless the connector allows it."""
+    s = run.settings
+    parts = urlsplit(s.url)
+    if parts.scheme == "http" and (s.username or run.password):
+        refuse_plaintext(s, parts.hostname or "",
+                         "the password would go in clear over http to another host; use https")
+
+
 def _http_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.scheme == "webcal":
@@ -394,6 +426,7 @@ class CalDAVConnector:
         import caldav
 
         s = run.settings
+        _refuse_plain_http(run)
         verify: bool | str = str(s.ca_file.expanduser()) if s.ca_file else True
         client = caldav.DAVClient(url=_http_url(s.url), username=s.username,
                                   password=run.password, timeout=s.timeout_s,  # type: ignore[arg-type]
@@ -528,6 +561,7 @@ class ICalConnector:
 
     def sync(self, run: ConnectorRun) -> None:
         s = run.settings
+        _refuse_plain_http(run)
         state = run.state
         resources = Resources(state.setdefault("resources", {}), run, self.where)
         headers = {}
@@ -654,6 +688,7 @@ class CardDAVConnector:
 
     def sync(self, run: ConnectorRun) -> None:
         s = run.settings
+        _refuse_plain_http(run)
         with _http_client(run) as client:
             dav = _Dav(client, run)
             tables: dict[str, Any] = run.state.setdefault("books", {})
@@ -843,11 +878,11 @@ class ImapConnector:
         else:
             conn = imaplib.IMAP4(host, port, timeout=s.timeout_s)
         try:
-            if not tls and not is_loopback(host):
-                if "STARTTLS" not in conn.capabilities:
-                    raise TLSFailed("the server offers no STARTTLS; plain IMAP is for "
-                                    "loopback only")
+            if not tls and "STARTTLS" in conn.capabilities and not is_loopback(host):
                 conn.starttls(context)
+            elif not tls:
+                refuse_plaintext(s, host, "the server offers no STARTTLS and the password "
+                                 "would go in clear to another host; use imaps")
             try:
                 conn.login(s.username or "", run.password or "")
             except imaplib.IMAP4.error:

@@ -25,7 +25,6 @@ import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 from runtime.config import ConnectorSettings
 from runtime.memories.facts import FactIn
@@ -36,7 +35,6 @@ from runtime.mind.sync.connectors import (
     ConnectorRun,
     MissingSecret,
     describe,
-    is_loopback,
     make_connector,
     quiet_libraries,
 )
@@ -159,10 +157,6 @@ def sync_connector(ctx: JobContext, conf: ConnectorSettings, window: Window,
             if password is None:
                 raise MissingSecret(f"the environment variable {conf.password_env} "
                                     "(password_env) is not set")
-            where = urlsplit(conf.url)
-            if where.scheme == "http" and not is_loopback(where.hostname or ""):
-                log.warning("sync %s: its password goes over plain http to another host; "
-                            "use https", conf.name)
         run = ConnectorRun(settings=conf, password=password, state=state, window=window,
                            sink=sink, save=lambda: set_state(ctx.store, JOB, key, state),
                            out_of_time=ctx.out_of_time)
