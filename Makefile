@@ -28,8 +28,11 @@ run: $(STAMP)
 # module-scoped runtime stays one): most tests wait on Ray, sockets and child
 # processes, so two share the machine's two cores well (suite 19.5 -> 13.5 min).
 # Each process has its own Ray instance (tests/conftest.py, ray_instance).
+# --no-loadscope-reorder: modules go out in the order tests/conftest.py sorts
+# them (the costliest first); xdist's default order (most tests first) left
+# the costliest module, test_crash, to the end of the run.
 test: $(STAMP) sysdeps
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=15
 	$(MAKE) lint
 
 lint: $(STAMP)
