@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import secrets
 from pathlib import Path
 from typing import Any, Literal, cast
 
@@ -47,6 +46,7 @@ from actors.http.audience import (
     Refused,
     entered,
     load_bound_tokens,
+    token_at,
 )
 from actors.http.backend import Backend
 from actors.http.common import MAX_QUERY_CHARS, Changed
@@ -55,7 +55,6 @@ from actors.http.oauth import OPEN_PATHS as OAUTH_PATHS
 from actors.messages import MAX_TURN_CHARS, Recall, Recalled, Status, TurnReply, UserTurn
 from runtime.config import Settings
 from runtime.memories.privacy import Audience
-from runtime.store.files import write_private
 from runtime.time.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -72,16 +71,7 @@ def token_path(settings: Settings) -> Path:
 def load_or_create_token(settings: Settings) -> str:
     """The bearer token: read from ``<data dir>/http-token``, written there (0600)
     on first run."""
-    path = token_path(settings)
-    try:
-        token = path.read_text().strip()
-    except FileNotFoundError:
-        token = ""
-    if not token:
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        token = secrets.token_urlsafe(32)
-        write_private(path, token + "\n")
-    return token
+    return token_at(token_path(settings))[0]
 
 
 # -- ASGI guards: the token, then the body size ------------------------------------

@@ -114,23 +114,32 @@ def bound_audience(settings: Settings, name: str) -> Audience:
     return privacy.audience(settings, channel, bound.person)
 
 
+def token_at(path: Path) -> tuple[str, bool]:
+    """The bearer token in ``path``, written there (0600, its directory 0700)
+    when missing or empty; and whether it was written now. Never logged."""
+    import secrets
+
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        token = ""
+    if token:
+        return token, False
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    token = secrets.token_urlsafe(32)
+    write_private(path, token + "\n")
+    return token, True
+
+
 def load_bound_tokens(settings: Settings) -> dict[str, Audience]:
     """Each bound token (``[http.tokens.<name>]``) and its audience; a token is
     read from ``<data dir>/http-tokens/<name>``, written there (0600) when
-    missing. Never logged."""
-    import secrets
-
+    missing (:func:`token_at`)."""
     out: dict[str, Audience] = {}
     for name in sorted(settings.http.tokens):
         path = tokens_dir(settings) / name
-        try:
-            token = path.read_text().strip()
-        except FileNotFoundError:
-            token = ""
-        if not token:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            token = secrets.token_urlsafe(32)
-            write_private(path, token + "\n")
+        token, made = token_at(path)
+        if made:
             log.info("http: bound token %r written to %s", name, path)
         out[token] = bound_audience(settings, name)
     return out
