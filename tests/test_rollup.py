@@ -323,11 +323,20 @@ _UMAP_HOT = ("_optimize_layout_euclidean_single_epoch", "smooth_knn_dist",
 
 def test_numba_cache_is_written_once_and_hit_by_the_next_process(tmp_path: Path) -> None:
     """UMAP's own numba functions are cached in the given directory: the first
-    process compiles and saves them, a second one loads them and compiles nothing."""
+    process compiles and saves them, a second one loads them and compiles nothing.
+
+    The directory is the test run's own numba cache (tests/conftest.py) when
+    there is one: an earlier UMAP call of the run (the leaf round above, a job)
+    may have written it already through the same ``configure_cache``, and then
+    the first process here loads from it instead of compiling UMAP a second time
+    (8-30 s of CPU). Either way, every hot function comes from that directory:
+    saved to it by the first process or loaded from it, and the second process
+    loads them all and saves nothing."""
     env = {**os.environ, "NUMBA_DEBUG_CACHE": "1"}
     env.pop("NUMBA_CACHE_DIR", None)
     root = Path(__file__).resolve().parents[1]
-    cache = tmp_path / "numba-cache"
+    shared = os.environ.get("NUMBA_CACHE_DIR")
+    cache = Path(shared) if shared else tmp_path / "numba-cache"
 
     def run() -> str:
         done = subprocess.run([sys.executable, "-c", _WARM, str(cache)], cwd=root, env=env,
@@ -337,7 +346,12 @@ def test_numba_cache_is_written_once_and_hit_by_the_next_process(tmp_path: Path)
     first = [line for line in run().splitlines() if line.startswith("[cache]")]
     second = [line for line in run().splitlines() if line.startswith("[cache]")]
     for name in _UMAP_HOT:
-        assert any("data saved" in line and f".{name}-" in line for line in first), name
+        assert any(("data saved" in line or "data loaded" in line) and f".{name}-" in line
+                   for line in first), name
         assert any("data loaded" in line and f".{name}-" in line for line in second), name
+    if not shared:  # a fresh directory: the first process wrote every one
+        for name in _UMAP_HOT:
+            assert any("data saved" in line and f".{name}-" in line for line in first), name
     assert not [line for line in second if "data saved" in line]
-    assert all(str(cache) in line for line in first if "saved" in line)
+    assert all(str(cache) in line for line in first + second
+               if "saved" in line or "loaded" in line)
