@@ -44,6 +44,8 @@ older senders keep working.
 | Remind             | Cron.remind              | Reminded         |
 | ListReminders      | Cron.list_reminders      | ReminderList     |
 | CancelReminder     | Cron.cancel_reminder     | Ack              |
+| HubJobState        | Cron.hub_job_state       | JobStateRows     |
+| SaveJobState       | Cron.save_job_state      | Ack              |
 | PresenceRequest    | Cron.presence_report     | PresenceReport   |
 | RecordFixes        | Transcript.record_fixes  | FixesStored      |
 | LocationRequest    | Transcript.location      | LocationInfo     |
@@ -773,6 +775,42 @@ class CancelReminder(Message):
     """Cancel a pending reminder (a repeating one: every occurrence to come)."""
 
     id: int = Field(ge=1)
+
+
+# -- a job off the hub: its bookkeeping on the hub (actors/job_snapshot.py) --------
+
+#: A ``job_state`` value's JSON text may be this long.
+JOB_STATE_MAX = 16 * 1024 * 1024
+
+
+class HubJobState(Message):
+    """What a job run on a snapshot needs from the hub when it starts."""
+
+
+class JobStateRow(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job: str = Field(min_length=1, max_length=200)
+    key: str = Field(min_length=1, max_length=1000)
+    value: str = Field(max_length=JOB_STATE_MAX)  # JSON text
+
+
+class JobStateRows(Message):
+    """The hub's newest write-log id (what the snapshot must hold) and every
+    ``job_state`` row."""
+
+    write_log_id: int = Field(ge=0)
+    rows: list[JobStateRow] = Field(default_factory=list)
+
+
+class SaveJobState(Message):
+    """Write one ``job_state`` row on the hub (a job run on a snapshot); ``at``:
+    the job's clock."""
+
+    job: str = Field(min_length=1, max_length=200)
+    key: str = Field(min_length=1, max_length=1000)
+    value: str = Field(max_length=JOB_STATE_MAX)  # JSON text
+    at: float = Field(allow_inf_nan=False)
 
 
 # -- the edge: location and presence (device/) ---------------------------------

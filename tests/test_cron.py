@@ -24,9 +24,11 @@ from actors.messages import (
     Activity,
     AppendTurns,
     JobsStatus,
+    JobStateRow,
     Presence,
     Remind,
     RunJob,
+    SaveJobState,
     Tick,
     UserTurn,
 )
@@ -228,6 +230,25 @@ def test_run_job_now_past_the_gate(runtime: Settings) -> None:
     for name in ("consolidate", "patterns"):  # disabled here
         with pytest.raises(BadRequest, match=f"unknown job '{name}'"):
             cron.run(RunJob(name=name))
+
+
+def test_a_job_off_the_hub_keeps_its_state_through_cron(runtime: Settings) -> None:
+    """A job run on a snapshot (actors/job_snapshot.py) asks Cron for the hub's
+    newest write and job state, and writes its own state through Cron."""
+    assert cron.save_job_state(SaveJobState(job="offhub", key="k", value='{"n": 1}', at=5.0))
+    cron.save_job_state(SaveJobState(job="offhub", key="k", value='{"n": 2}', at=6.0))
+    hub = cron.hub_job_state()
+    assert JobStateRow(job="offhub", key="k", value='{"n": 2}') in hub.rows
+    store = read_store(runtime)
+    try:
+        assert store.scalar("SELECT value FROM job_state WHERE job = 'offhub'") == '{"n": 2}'
+        assert store.scalar("SELECT updated_at FROM job_state WHERE job = 'offhub'") == 6.0
+        assert 0 <= hub.write_log_id <= store.scalar(
+            "SELECT coalesce(max(id), 0) FROM write_log")
+    finally:
+        store.close()
+    with pytest.raises(BadRequest, match="offhub/k"):
+        cron.save_job_state(SaveJobState(job="offhub", key="k", value="{not json", at=7.0))
 
 
 def test_reminder_fires_once_when_due(runtime: Settings) -> None:
