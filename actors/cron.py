@@ -30,8 +30,10 @@ person's presence; durable, so a restart forgets neither), checks every
 Messages (``actors/messages.py``): ``Activity``, ``Presence``, ``Tick``,
 ``JobsStatus``, ``RunJob``, ``Remind``, ``ListReminders``, ``CancelReminder``;
 from a job run on a snapshot off the hub (``actors.job_snapshot``), ``HubJobState``
-(the hub's newest write-log id and every ``job_state`` row) and ``SaveJobState``
-(its bookkeeping, written here: Cron owns ``job_runs`` and the jobs' state).
+(the hub's newest write-log id, every ``job_state`` row, the language model's
+retry queue), ``SaveJobState`` (its bookkeeping, written here: Cron owns
+``job_runs`` and the jobs' state) and ``SaveLLMQueue`` (that queue as the run
+left it).
 Every time in them is optional: given,
 it is the instant the message means (tests and simulations jump time by
 sending ``Tick(now=...)`` instead of sleeping; a run started by such a tick
@@ -61,6 +63,7 @@ from actors.cluster.placement import job_options
 from actors.common import BadRequest, accept, open_store, setup_logging, unwrap
 from actors.handles import TranscriptClient, TurnsClient
 from actors.job_actor import JobActor
+from actors.job_snapshot import read_queue, replace_queue
 from actors.messages import (
     Ack,
     Activity,
@@ -85,11 +88,13 @@ from actors.messages import (
     ReminderList,
     RunJob,
     SaveJobState,
+    SaveLLMQueue,
     Tick,
     Ticked,
     UserTurn,
 )
 from runtime.config import Settings
+from runtime.llm.queue import QUEUE_DIR
 from runtime.memories.transcript import TurnIn
 from runtime.mind import registry as jobs
 from runtime.mind import reminders
@@ -444,7 +449,8 @@ class CronActor:
             newest = self.store.scalar("SELECT coalesce(max(id), 0) FROM write_log")
             rows = job_state.all_rows(self.store)
         return JobStateRows(write_log_id=int(newest), rows=[
-            JobStateRow(job=job, key=key, value=value) for (job, key), value in rows.items()])
+            JobStateRow(job=job, key=key, value=value) for (job, key), value in rows.items()],
+            llm_queue=read_queue(self.settings.store.resolved_dir / QUEUE_DIR))
 
     def save_job_state(self, msg: SaveJobState) -> Ack:
         """Write one ``job_state`` row for a job run off the hub."""
@@ -455,6 +461,13 @@ class CronActor:
         except ValueError as exc:  # not JSON
             raise BadRequest(f"job state {msg.job}/{msg.key}: {exc}") from None
         return Ack()
+
+    def save_llm_queue(self, msg: SaveLLMQueue) -> Ack:
+        """The language model's retry queue as a run off the hub left it. Only
+        one run at a time touches it (runs go one at a time)."""
+        msg = accept(SaveLLMQueue, msg)
+        replace_queue(self.settings.store.resolved_dir / QUEUE_DIR, msg.files)
+        return Ack(detail=f"{len(msg.files)} files")
 
     def _execute(self, name: str, target: str, run_id: int, now: float | None) -> JobResult:
         """Run the job in an actor of its own, then kill that actor."""

@@ -95,6 +95,7 @@ from actors.messages import (
     ReminderList,
     RunJob,
     SaveJobState,
+    SaveLLMQueue,
     SyncIndex,
     Tick,
     Ticked,
@@ -463,6 +464,10 @@ class CronClient(ActorClient):
     def save_job_state(self, msg: SaveJobState) -> Ack:
         # idempotent: the same row written twice is the same row
         return self.call("save_job_state", msg, reply=Ack, retry=True)
+
+    def save_llm_queue(self, msg: SaveLLMQueue) -> Ack:
+        # idempotent: the queue becomes these files, however often
+        return self.call("save_llm_queue", msg, reply=Ack, retry=True)
 
 
 class EdgeClient(ActorClient):

@@ -22,7 +22,11 @@ configured (``replica.url``), :func:`snapshot`:
    beside the store goes there too, and goes with it);
 5. routes the run's ``job_state`` (``runtime.store.job_state.route``): reads
    from the hub's rows, each write a ``SaveJobState`` message to the Cron
-   actor, which writes it on the hub;
+   actor, which writes it on the hub; and puts the hub's retry queue of the
+   language model (``runtime.llm.queue``: distil's failed segments, references
+   only) in the scratch directory, sent back (``SaveLLMQueue``) when the run
+   changed it, so a segment queued on a helper is retried later wherever the
+   next run goes;
 6. at the run's end, closes the copy and deletes the scratch directory.
 
 Memory writes go through the owners as on the hub (``RemoteWriter``). Without
@@ -47,7 +51,7 @@ import apsw
 
 from actors.common import open_store
 from actors.handles import CronClient
-from actors.messages import SaveJobState
+from actors.messages import QueueFile, SaveJobState, SaveLLMQueue
 from device.replicator import (
     ReplicaError,
     config_path,
@@ -57,9 +61,10 @@ from device.replicator import (
     restore_into,
 )
 from runtime.config import Settings
+from runtime.llm.queue import QUEUE_DIR
 from runtime.store import job_state
 from runtime.store.database import Store
-from runtime.store.files import write_private
+from runtime.store.files import private_dir, write_private
 from runtime.time.clock import Clock
 
 log = logging.getLogger(__name__)
@@ -68,6 +73,7 @@ PREFIX = "reverie-snapshot-"
 _OWN = re.compile(rf"^{re.escape(PREFIX)}(\d+)-")
 #: The pause before the replica is restored again when it lacked the hub's newest write.
 RESTORE_AGAIN_S = 1.0
+_QUEUE_FILE = re.compile(r"^(\d{12}|counters)\.json$")
 
 
 def off_hub(hub_node: str | None) -> bool:
@@ -164,6 +170,33 @@ def restore_caught_up(local: Settings, want: int) -> float:
         time.sleep(RESTORE_AGAIN_S)
 
 
+def read_queue(directory: Path) -> list[QueueFile]:
+    """The files of the language model's retry queue in ``directory`` (its
+    entries and counters, by name; references, never memory content)."""
+    out: list[QueueFile] = []
+    if not directory.is_dir():
+        return out
+    for path in sorted(directory.iterdir()):
+        if _QUEUE_FILE.match(path.name):
+            try:
+                out.append(QueueFile(name=path.name, data=path.read_text(encoding="utf-8")))
+            except FileNotFoundError:
+                continue
+    return out
+
+
+def replace_queue(directory: Path, files: list[QueueFile]) -> None:
+    """Make the retry queue in ``directory`` exactly ``files``: each written
+    owner-only and atomically, then the others removed."""
+    private_dir(directory)
+    keep = {f.name for f in files}
+    for f in files:
+        write_private(directory / f.name, f.data)
+    for path in directory.iterdir():
+        if _QUEUE_FILE.match(path.name) and path.name not in keep:
+            path.unlink(missing_ok=True)
+
+
 def _never(*_: object) -> int:
     return 0
 
@@ -180,6 +213,13 @@ def open_read_only(local: Settings, clock: Clock) -> Store:
     conn.create_scalar_function("write_log_expiry_allowed", _never, 0)
     store.conn = conn
     return store
+
+
+def _send_queue(cron: CronClient, queue: Path, seeded: list[QueueFile]) -> None:
+    """The retry queue back to the hub, when the run changed it."""
+    left = read_queue(queue)
+    if left != seeded:
+        cron.save_llm_queue(SaveLLMQueue(files=left))
 
 
 @contextlib.contextmanager
@@ -206,7 +246,16 @@ def snapshot(settings: Settings, clock: Clock, cron: CronClient | None = None
                 cron.save_job_state(SaveJobState(job=job, key=key, value=value, at=at))
 
             job_state.route(store, send, {(r.job, r.key): r.value for r in hub.rows})
-            yield local, store
+            queue = scratch / QUEUE_DIR
+            if hub.llm_queue:
+                replace_queue(queue, hub.llm_queue)
+            try:
+                yield local, store
+            except BaseException:
+                with contextlib.suppress(Exception):  # the run's own error is what is told
+                    _send_queue(cron, queue, hub.llm_queue)
+                raise
+            _send_queue(cron, queue, hub.llm_queue)
         finally:
             store.close()
     finally:

@@ -46,6 +46,7 @@ older senders keep working.
 | CancelReminder     | Cron.cancel_reminder     | Ack              |
 | HubJobState        | Cron.hub_job_state       | JobStateRows     |
 | SaveJobState       | Cron.save_job_state      | Ack              |
+| SaveLLMQueue       | Cron.save_llm_queue      | Ack              |
 | PresenceRequest    | Cron.presence_report     | PresenceReport   |
 | RecordFixes        | Transcript.record_fixes  | FixesStored      |
 | LocationRequest    | Transcript.location      | LocationInfo     |
@@ -795,12 +796,30 @@ class JobStateRow(BaseModel):
     value: str = Field(max_length=JOB_STATE_MAX)  # JSON text
 
 
+class QueueFile(BaseModel):
+    """One file of the language model's retry queue (``runtime.llm.queue``:
+    references, never memory content)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^(\d{12}|counters)\.json$")
+    data: str = Field(max_length=1024 * 1024)
+
+
 class JobStateRows(Message):
-    """The hub's newest write-log id (what the snapshot must hold) and every
-    ``job_state`` row."""
+    """The hub's newest write-log id (what the snapshot must hold), every
+    ``job_state`` row, and the files of the hub's language-model retry queue."""
 
     write_log_id: int = Field(ge=0)
     rows: list[JobStateRow] = Field(default_factory=list)
+    llm_queue: list[QueueFile] = Field(default_factory=list)
+
+
+class SaveLLMQueue(Message):
+    """The retry queue as a run off the hub left it: the hub's queue becomes
+    exactly these files."""
+
+    files: list[QueueFile] = Field(default_factory=list, max_length=10_000)
 
 
 class SaveJobState(Message):

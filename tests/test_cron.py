@@ -26,13 +26,16 @@ from actors.messages import (
     JobsStatus,
     JobStateRow,
     Presence,
+    QueueFile,
     Remind,
     RunJob,
     SaveJobState,
+    SaveLLMQueue,
     Tick,
     UserTurn,
 )
 from runtime.config import CONFIG_DIR, JOB_NAMES, Settings, load_settings
+from runtime.llm.queue import QUEUE_DIR
 from runtime.memories.transcript import TurnIn
 from runtime.store.database import Store
 from runtime.store.fact_kinds import FactKinds
@@ -249,6 +252,12 @@ def test_a_job_off_the_hub_keeps_its_state_through_cron(runtime: Settings) -> No
         store.close()
     with pytest.raises(BadRequest, match="offhub/k"):
         cron.save_job_state(SaveJobState(job="offhub", key="k", value="{not json", at=7.0))
+    # the language model's retry queue: to the run, and back as the run left it
+    queue = runtime.store.resolved_dir / QUEUE_DIR
+    cron.save_llm_queue(SaveLLMQueue(files=[QueueFile(name="000000000007.json", data="{}")]))
+    assert [f.name for f in cron.hub_job_state().llm_queue] == ["000000000007.json"]
+    cron.save_llm_queue(SaveLLMQueue(files=[]))
+    assert cron.hub_job_state().llm_queue == [] and not any(queue.iterdir())
 
 
 def test_reminder_fires_once_when_due(runtime: Settings) -> None:

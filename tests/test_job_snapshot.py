@@ -22,9 +22,10 @@ import pytest
 
 from actors import job_snapshot
 from actors.job_actor import JobActor
-from actors.messages import Ack, JobStateRow, JobStateRows, SaveJobState
+from actors.messages import Ack, JobStateRow, JobStateRows, SaveJobState, SaveLLMQueue
 from device.replicator import ReplicaError, Replicator
 from runtime.config import Settings
+from runtime.llm.queue import QUEUE_DIR, PendingEntry, PendingQueue
 from runtime.store.database import Store
 from runtime.store.job_state import get_state, route, set_state
 from runtime.time.clock import ManualClock
@@ -37,16 +38,23 @@ class Hub:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.saved: list[SaveJobState] = []
+        self.queues: list[SaveLLMQueue] = []
 
     def hub_job_state(self) -> JobStateRows:
         with open_store(self.settings) as store:
             newest = store.scalar("SELECT coalesce(max(id), 0) FROM write_log")
             rows = [JobStateRow(job=j, key=k, value=v) for j, k, v in
                     store.conn.execute("SELECT job, key, value FROM job_state")]
-        return JobStateRows(write_log_id=int(newest), rows=rows)
+        return JobStateRows(write_log_id=int(newest), rows=rows, llm_queue=job_snapshot.read_queue(
+            self.settings.store.resolved_dir / QUEUE_DIR))
 
     def save_job_state(self, msg: SaveJobState) -> Ack:
         self.saved.append(msg)
+        return Ack()
+
+    def save_llm_queue(self, msg: SaveLLMQueue) -> Ack:
+        self.queues.append(msg)
+        job_snapshot.replace_queue(self.settings.store.resolved_dir / QUEUE_DIR, msg.files)
         return Ack()
 
 
@@ -94,6 +102,29 @@ def test_a_run_reads_a_private_read_only_copy_that_is_gone_after(
     assert not copy.exists() and os.listdir(node_tmp) == []
     with open_store(replicated) as live:  # the copy never wrote the live store
         assert get_state(live, "facts", "cursor") == {"after": 3}
+
+
+def entry(key: str) -> PendingEntry:
+    return PendingEntry(key=key, kind="distil", payload={"channel": "chat", "turns": [1]},
+                        enqueued_at=1.0)
+
+
+def test_the_retry_queue_goes_to_the_run_and_back_to_the_hub(replicated: Settings) -> None:
+    """distil's failed segments, queued on a helper, are retried wherever the next run goes."""
+    hub_queue = PendingQueue.in_data_dir(replicated.store.resolved_dir)
+    hub_queue.push(entry("old"))
+    hub = Hub(replicated)
+    with job_snapshot.snapshot(replicated, ManualClock(1.0), hub) as (local, _):  # type: ignore[arg-type]
+        queue = PendingQueue.in_data_dir(local.store.resolved_dir)  # as distil opens it
+        assert [p.entry.key for p in queue.entries()] == ["old"]
+    assert hub.queues == []  # unchanged: nothing sent
+    with pytest.raises(RuntimeError, match="model down"):
+        with job_snapshot.snapshot(replicated, ManualClock(1.0), hub) as (local, _):  # type: ignore[arg-type]
+            queue = PendingQueue.in_data_dir(local.store.resolved_dir)
+            queue.remove(queue.entries()[0])
+            queue.push(entry("new"))
+            raise RuntimeError("model down")  # a run that fails still hands its queue back
+    assert [p.entry.key for p in hub_queue.entries()] == ["new"]
 
 
 def test_a_replica_behind_the_hub_fails_the_run(replicated: Settings, tmp_path: Path) -> None:
