@@ -28,7 +28,12 @@ person's presence; durable, so a restart forgets neither), checks every
   (``job_runs``); the next run and the next tick go on.
 
 Messages (``actors/messages.py``): ``Activity``, ``Presence``, ``Tick``,
-``JobsStatus``, ``RunJob``, ``Remind``, ``ListReminders``, ``CancelReminder``.
+``JobsStatus``, ``RunJob``, ``Remind``, ``ListReminders``, ``CancelReminder``;
+from a job run on a snapshot off the hub (``actors.job_snapshot``), ``HubJobState``
+(the hub's newest write-log id, every ``job_state`` row, the language model's
+retry queue), ``SaveJobState`` (its bookkeeping, written here: Cron owns
+``job_runs`` and the jobs' state) and ``SaveLLMQueue`` (that queue as the run
+left it).
 Every time in them is optional: given,
 it is the instant the message means (tests and simulations jump time by
 sending ``Tick(now=...)`` instead of sleeping; a run started by such a tick
@@ -58,16 +63,20 @@ from actors.cluster.placement import job_options
 from actors.common import BadRequest, accept, open_store, setup_logging, unwrap
 from actors.handles import TranscriptClient, TurnsClient
 from actors.job_actor import JobActor
+from actors.job_snapshot import read_queue, replace_queue
 from actors.messages import (
     Ack,
     Activity,
     AppendTurns,
     CancelReminder,
+    HubJobState,
     IdleInfo,
     JobLine,
     JobRun,
     JobsReport,
     JobsStatus,
+    JobStateRow,
+    JobStateRows,
     ListReminders,
     PersonPresence,
     Presence,
@@ -78,16 +87,20 @@ from actors.messages import (
     ReminderLine,
     ReminderList,
     RunJob,
+    SaveJobState,
+    SaveLLMQueue,
     Tick,
     Ticked,
     UserTurn,
 )
 from runtime.config import Settings
+from runtime.llm.queue import QUEUE_DIR
 from runtime.memories.transcript import TurnIn
 from runtime.mind import registry as jobs
 from runtime.mind import reminders
 from runtime.mind.contract import JobResult
 from runtime.mind.idle import IdleState, idle_state
+from runtime.store import job_state
 from runtime.time.clock import Clock, SystemClock, household_zone
 
 log = logging.getLogger(__name__)
@@ -427,6 +440,35 @@ class CronActor:
         log.info("job %s done: %d items %s", pending.name, result.items, pending.run.detail or "")
         metrics.job_run(pending.name, "ok")
 
+    # -- a job run on a snapshot (off the hub) ------------------------------------------
+
+    def hub_job_state(self, msg: HubJobState | None = None) -> JobStateRows:
+        """The hub's newest write-log id (the snapshot must hold it) and its job state."""
+        accept(HubJobState, msg if msg is not None else HubJobState())
+        with self._lock:
+            newest = self.store.scalar("SELECT coalesce(max(id), 0) FROM write_log")
+            rows = job_state.all_rows(self.store)
+        return JobStateRows(write_log_id=int(newest), rows=[
+            JobStateRow(job=job, key=key, value=value) for (job, key), value in rows.items()],
+            llm_queue=read_queue(self.settings.store.resolved_dir / QUEUE_DIR))
+
+    def save_job_state(self, msg: SaveJobState) -> Ack:
+        """Write one ``job_state`` row for a job run off the hub."""
+        msg = accept(SaveJobState, msg)
+        try:
+            with self._lock:
+                job_state.write(self.store, msg.job, msg.key, msg.value, msg.at)
+        except ValueError as exc:  # not JSON
+            raise BadRequest(f"job state {msg.job}/{msg.key}: {exc}") from None
+        return Ack()
+
+    def save_llm_queue(self, msg: SaveLLMQueue) -> Ack:
+        """The language model's retry queue as a run off the hub left it. Only
+        one run at a time touches it (runs go one at a time)."""
+        msg = accept(SaveLLMQueue, msg)
+        replace_queue(self.settings.store.resolved_dir / QUEUE_DIR, msg.files)
+        return Ack(detail=f"{len(msg.files)} files")
+
     def _execute(self, name: str, target: str, run_id: int, now: float | None) -> JobResult:
         """Run the job in an actor of its own, then kill that actor."""
         cls: Any = ray.remote(JobActor)
@@ -435,7 +477,8 @@ class CronActor:
                              **job_options(self.settings)).remote(self.settings)
         limit = self.settings.jobs.budget_s * HARD_LIMIT
         try:
-            return ray.get(handle.run.remote(name, target, now), timeout=limit)
+            hub = ray.get_runtime_context().get_node_id()
+            return ray.get(handle.run.remote(name, target, now, hub), timeout=limit)
         except RayTaskError as exc:  # raised by the job: recorded as itself
             raise unwrap(exc) from None
         except GetTimeoutError:

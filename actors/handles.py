@@ -63,10 +63,12 @@ from actors.messages import (
     FactWritten,
     FindMemories,
     FixesStored,
+    HubJobState,
     IndexSynced,
     JobRun,
     JobsReport,
     JobsStatus,
+    JobStateRows,
     ListReminders,
     LocationInfo,
     LocationRequest,
@@ -92,6 +94,8 @@ from actors.messages import (
     Reminded,
     ReminderList,
     RunJob,
+    SaveJobState,
+    SaveLLMQueue,
     SyncIndex,
     Tick,
     Ticked,
@@ -453,6 +457,17 @@ class CronClient(ActorClient):
     def presence_report(self, timeout: float | None = None) -> PresenceReport:
         return self.call("presence_report", PresenceRequest(), reply=PresenceReport,
                          retry=True, timeout=timeout)
+
+    def hub_job_state(self) -> JobStateRows:
+        return self.call("hub_job_state", HubJobState(), reply=JobStateRows, retry=True)
+
+    def save_job_state(self, msg: SaveJobState) -> Ack:
+        # idempotent: the same row written twice is the same row
+        return self.call("save_job_state", msg, reply=Ack, retry=True)
+
+    def save_llm_queue(self, msg: SaveLLMQueue) -> Ack:
+        # idempotent: the queue becomes these files, however often
+        return self.call("save_llm_queue", msg, reply=Ack, retry=True)
 
 
 class EdgeClient(ActorClient):

@@ -14,7 +14,13 @@ has none and such a job loads its own), and the clock: the system's, or fixed
 at the tick's ``now`` when the tick named one (tests and simulations jump
 time). When the run ends, the process's peak resident memory is logged (debug).
 
-The job's connection may write its own bookkeeping and nothing else
+Off the hub (a helper node: another Ray node than the Cron actor's) the job
+reads a read-only snapshot of the store restored from the household's replica
+for the run, and its ``job_state`` goes to the Cron actor by message
+(``actors.job_snapshot``); without a replica it opens the store at its path
+when that is there (a shared filesystem) and refuses otherwise.
+
+On the hub, the job's connection may write its own bookkeeping and nothing else
 (:func:`guard`): every memory write, the janitor's deletes included, goes
 through the owners, and a job that writes (or changes the schema) on its own
 connection fails loudly (``apsw.AuthError``) instead of becoming a second
@@ -25,6 +31,7 @@ patterns, synthesis, dmn, sync, geo, research), which only they write.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import apsw
@@ -32,6 +39,7 @@ import apsw
 from actors.common import open_store, setup_logging
 from actors.embedder import RemoteEmbedder
 from actors.handles import RecallClient
+from actors.job_snapshot import no_store_reason, off_hub, snapshot
 from actors.remote_writer import RemoteWriter
 from runtime.config import Settings
 from runtime.llm.embedder import Embedder
@@ -102,27 +110,38 @@ class JobActor:
         setup_logging(settings, "job")
         self.settings = settings
 
-    def run(self, name: str, target: str, now: float | None = None) -> JobResult:
+    def run(self, name: str, target: str, now: float | None = None,
+            hub_node: str | None = None) -> JobResult:
         """Import the job's function (a missing module fails this run only), run it
-        once and answer its result; what it raises goes back to Cron."""
+        once and answer its result; what it raises goes back to Cron.
+        ``hub_node``: the Ray node id of the hub (the Cron actor's); on another
+        node the job reads a snapshot (``actors.job_snapshot``)."""
         fn = resolve(target)
         clock: Clock = SystemClock() if now is None else ManualClock(now)
-        if not self.settings.store.path.exists():  # a helper without the household's store
-            raise FileNotFoundError(
-                f"no household store at {self.settings.store.path} on this node: a job on a"
-                " helper needs the store on a shared path (docs/scaling.md)")
-        store = guard(open_store(self.settings, clock))
-        try:
-            ctx = JobContext(store=store, writer=RemoteWriter(self.settings.runtime.namespace),
-                             llm=make_llm(self.settings.llm, LLMHealth(
-                                 self.settings.store.resolved_dir, clock)), clock=clock,
-                             settings=self.settings, budget_s=self.settings.jobs.budget_s,
-                             embedder=shared_embedder(self.settings))
+        with contextlib.ExitStack() as stack:
+            settings, store = self._store(stack, clock, off_hub(hub_node))
+            ctx = JobContext(store=store, writer=RemoteWriter(settings.runtime.namespace),
+                             llm=make_llm(settings.llm, LLMHealth(
+                                 settings.store.resolved_dir, clock)), clock=clock,
+                             settings=settings, budget_s=settings.jobs.budget_s,
+                             embedder=shared_embedder(settings))
             log.info("job %s starts", name)
-            return fn(ctx)
-        finally:
-            store.close()
-            log.debug("job %s: peak RSS %s KiB", name, peak_rss_kib())
+            try:
+                return fn(ctx)
+            finally:
+                log.debug("job %s: peak RSS %s KiB", name, peak_rss_kib())
+
+    def _store(self, stack: contextlib.ExitStack, clock: Clock,
+               remote: bool) -> tuple[Settings, Store]:
+        """The run's settings and store: the household's store at its path (on
+        the hub; off it, without a replica, when the path is there), or a
+        snapshot restored from the replica (off the hub)."""
+        if remote and self.settings.replica.enabled:
+            return stack.enter_context(snapshot(self.settings, clock))
+        if not self.settings.store.path.exists():  # a helper without the store, no replica
+            raise FileNotFoundError(no_store_reason(self.settings))
+        store = stack.enter_context(guard(open_store(self.settings, clock)))
+        return self.settings, store
 
     def ping(self) -> str:
         return "ok"

@@ -44,6 +44,9 @@ older senders keep working.
 | Remind             | Cron.remind              | Reminded         |
 | ListReminders      | Cron.list_reminders      | ReminderList     |
 | CancelReminder     | Cron.cancel_reminder     | Ack              |
+| HubJobState        | Cron.hub_job_state       | JobStateRows     |
+| SaveJobState       | Cron.save_job_state      | Ack              |
+| SaveLLMQueue       | Cron.save_llm_queue      | Ack              |
 | PresenceRequest    | Cron.presence_report     | PresenceReport   |
 | RecordFixes        | Transcript.record_fixes  | FixesStored      |
 | LocationRequest    | Transcript.location      | LocationInfo     |
@@ -773,6 +776,60 @@ class CancelReminder(Message):
     """Cancel a pending reminder (a repeating one: every occurrence to come)."""
 
     id: int = Field(ge=1)
+
+
+# -- a job off the hub: its bookkeeping on the hub (actors/job_snapshot.py) --------
+
+#: A ``job_state`` value's JSON text may be this long.
+JOB_STATE_MAX = 16 * 1024 * 1024
+
+
+class HubJobState(Message):
+    """What a job run on a snapshot needs from the hub when it starts."""
+
+
+class JobStateRow(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    job: str = Field(min_length=1, max_length=200)
+    key: str = Field(min_length=1, max_length=1000)
+    value: str = Field(max_length=JOB_STATE_MAX)  # JSON text
+
+
+class QueueFile(BaseModel):
+    """One file of the language model's retry queue (``runtime.llm.queue``:
+    references, never memory content)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(pattern=r"^(\d{12}|counters)\.json$")
+    data: str = Field(max_length=1024 * 1024)
+
+
+class JobStateRows(Message):
+    """The hub's newest write-log id (what the snapshot must hold), every
+    ``job_state`` row, and the files of the hub's language-model retry queue."""
+
+    write_log_id: int = Field(ge=0)
+    rows: list[JobStateRow] = Field(default_factory=list)
+    llm_queue: list[QueueFile] = Field(default_factory=list)
+
+
+class SaveLLMQueue(Message):
+    """The retry queue as a run off the hub left it: the hub's queue becomes
+    exactly these files."""
+
+    files: list[QueueFile] = Field(default_factory=list, max_length=10_000)
+
+
+class SaveJobState(Message):
+    """Write one ``job_state`` row on the hub (a job run on a snapshot); ``at``:
+    the job's clock."""
+
+    job: str = Field(min_length=1, max_length=200)
+    key: str = Field(min_length=1, max_length=1000)
+    value: str = Field(max_length=JOB_STATE_MAX)  # JSON text
+    at: float = Field(allow_inf_nan=False)
 
 
 # -- the edge: location and presence (device/) ---------------------------------

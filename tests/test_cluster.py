@@ -7,6 +7,11 @@ plain node offering something else. Checked:
 
 - the turn path (every actor the Supervisor starts) is on the head;
 - a job's actor runs on the helper;
+- a job on the helper reads the hub's memory from a snapshot restored from the
+  household's Litestream replica (a ``file://`` one) into the helper's own
+  temporary directory (the helper node runs with another ``TMPDIR``: no
+  shared data directory), writes an episode through the owners and its
+  ``job_state`` through the Cron actor, and the copy is gone after the run;
 - after the helper is killed, turns still answer and the job runs again, on
   the hub (not on the plain node).
 
@@ -33,7 +38,9 @@ from typing import Any
 import pytest
 from fake_openai import FakeOpenAI
 
+from runtime.memories.episodes import EpisodeIn
 from runtime.mind.contract import JobContext, JobResult
+from runtime.store.job_state import get_state, set_state
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB_RESOURCE = "reverie_jobs"
@@ -48,6 +55,29 @@ def where(ctx: JobContext) -> JobResult:
     import ray
 
     return JobResult(items=1, detail=ray.get_runtime_context().get_node_id())
+
+
+MARK = "cluster test"  # in the turn the harness sends; the snapshot job looks for it
+
+
+def snapshot_read(ctx: JobContext) -> JobResult:
+    """A job that reads the hub's turns from its store, writes an episode citing
+    them through the owners and counts its runs in ``job_state``; its
+    ``detail`` says where it ran and what it saw (JSON)."""
+    import ray
+
+    seen = [int(r[0]) for r in ctx.store.conn.execute(
+        "SELECT id FROM transcript WHERE content LIKE ?", (f"%{MARK}%",))]
+    runs = int(get_state(ctx.store, "snapshot_read", "runs", 0)) + 1
+    set_state(ctx.store, "snapshot_read", "runs", runs)
+    episode = ctx.writer.add_episode(EpisodeIn(
+        channel="chat", source="user", gist=f"snapshot episode {runs}", cites=seen[:1]),
+        writer="snapshot_read") if seen else None
+    return JobResult(items=len(seen), detail=json.dumps({
+        "node": ray.get_runtime_context().get_node_id(), "store": str(ctx.store.path),
+        "seen": len(seen), "runs": runs, "read_back": get_state(ctx.store, "snapshot_read",
+                                                                 "runs"),
+        "episode": episode}))
 
 
 class Harness:
@@ -126,6 +156,20 @@ def test_turn_path_on_the_hub_jobs_on_the_helper_and_back_on_the_hub(
     assert ran["outcome"] == "ok", ran
     assert ran["node"] == helper
 
+    # the hub's memory read from a snapshot on the helper, writes through the owners
+    for run in (1, 2):
+        got = cluster.call("snapshot_job")
+        assert got["outcome"] == "ok", got
+        seen = json.loads(got["detail"])
+        assert seen["node"] == helper
+        assert Path(seen["store"]).is_relative_to(got["helper_tmp"]), seen  # not the hub's
+        assert seen["store"] != got["hub_store"]
+        assert seen["seen"] >= 1  # the turn sent to the hub above
+        assert seen["runs"] == seen["read_back"] == run  # the last run's state, from the hub
+        assert got["hub_state"] == run  # written on the hub, through the Cron actor
+        assert got["hub_episode"] == f"snapshot episode {run}"  # through the owners
+        assert got["left"] == []  # the restored copy is gone
+
     gone = cluster.call("kill_helper", timeout=NODE_DEATH_TIMEOUT_S + 60)
     assert gone["alive"] == sorted([head, plain])
     assert cluster.call("turn")["reply"]  # the turn path never leaned on the helper
@@ -141,6 +185,8 @@ def test_turn_path_on_the_hub_jobs_on_the_helper_and_back_on_the_hub(
 def harness(root: Path, model_cache: Path, llm_url: str) -> None:  # pragma: no cover
     """Start the cluster and the runtime, then answer commands from stdin."""
     import time
+
+    import apsw
 
     from actors.cluster.pki import ClusterFiles, issue_node, make_ca, make_token
     from actors.cluster.security import cluster_environment, cluster_node, routable_ip
@@ -169,14 +215,20 @@ def harness(root: Path, model_cache: Path, llm_url: str) -> None:  # pragma: no 
         "persona": {"global_dir": str(root / "persona")},
         "llm": {"providers": [{"name": "local", "base_url": llm_url, "model": "tiny",
                                "timeout_s": 30}]},
-        "http": {"enabled": False}, "jobs": {"extra": {"where": "test_cluster:where"}},
+        "http": {"enabled": False},
+        "jobs": {"extra": {"where": "test_cluster:where",
+                           "snapshot_read": "test_cluster:snapshot_read"}},
+        "replica": {"url": f"file://{root / 'replica'}"},
     })
+    helper_tmp = root / "helper-tmp"  # the helper's own temporary directory
+    helper_tmp.mkdir(mode=0o700)
     node_args: dict[str, Any] = {"node_ip_address": ip, "num_cpus": 1,
                                  "object_store_memory": 80 * 1024 * 1024}
     with cluster_node():
         made = Cluster(initialize_head=True, head_node_args={**node_args,
                                                               "include_dashboard": False})
-        helper = made.add_node(**node_args, resources={JOB_RESOURCE: 2})
+        helper = made.add_node(**node_args, resources={JOB_RESOURCE: 2},
+                               env_vars={"TMPDIR": str(helper_tmp)})
         plain = made.add_node(**node_args, resources={"other": 1})
     made.wait_for_nodes()
     ray.init(address=made.address, namespace=settings.runtime.namespace,
@@ -209,6 +261,22 @@ def harness(root: Path, model_cache: Path, llm_url: str) -> None:  # pragma: no 
                 run = CronClient(settings.runtime.namespace, 200).run(
                     RunJob(name="where", wait=True), timeout=200)
                 reply(outcome=run.outcome, node=run.detail, failure=run.error)
+            elif command == "snapshot_job":
+                run = CronClient(settings.runtime.namespace, 200).run(
+                    RunJob(name="snapshot_read", wait=True), timeout=200)
+                with apsw.Connection(str(settings.store.path),
+                                     flags=apsw.SQLITE_OPEN_READONLY) as hub:
+                    kept = hub.execute("SELECT value FROM job_state WHERE job = ?"
+                                        " AND key = 'runs'", ("snapshot_read",)).fetchall()
+                    gist = hub.execute("SELECT gist FROM episodes WHERE id = ?", (
+                        json.loads(run.detail).get("episode") if run.detail else None,
+                    )).fetchall()
+                reply(outcome=run.outcome, detail=run.detail, failure=run.error,
+                      helper_tmp=str(helper_tmp), hub_store=str(settings.store.path),
+                      hub_state=json.loads(kept[0][0]) if kept else None,
+                      hub_episode=gist[0][0] if gist else None,
+                      left=sorted(p.name for p in helper_tmp.iterdir()
+                                  if p.name.startswith("reverie-snapshot-")))
             elif command == "kill_helper":
                 made.remove_node(helper, allow_graceful=False)
                 deadline = time.monotonic() + NODE_DEATH_TIMEOUT_S

@@ -24,13 +24,18 @@ from actors.messages import (
     Activity,
     AppendTurns,
     JobsStatus,
+    JobStateRow,
     Presence,
+    QueueFile,
     Remind,
     RunJob,
+    SaveJobState,
+    SaveLLMQueue,
     Tick,
     UserTurn,
 )
 from runtime.config import CONFIG_DIR, JOB_NAMES, Settings, load_settings
+from runtime.llm.queue import QUEUE_DIR
 from runtime.memories.transcript import TurnIn
 from runtime.store.database import Store
 from runtime.store.fact_kinds import FactKinds
@@ -228,6 +233,31 @@ def test_run_job_now_past_the_gate(runtime: Settings) -> None:
     for name in ("consolidate", "patterns"):  # disabled here
         with pytest.raises(BadRequest, match=f"unknown job '{name}'"):
             cron.run(RunJob(name=name))
+
+
+def test_a_job_off_the_hub_keeps_its_state_through_cron(runtime: Settings) -> None:
+    """A job run on a snapshot (actors/job_snapshot.py) asks Cron for the hub's
+    newest write and job state, and writes its own state through Cron."""
+    assert cron.save_job_state(SaveJobState(job="offhub", key="k", value='{"n": 1}', at=5.0))
+    cron.save_job_state(SaveJobState(job="offhub", key="k", value='{"n": 2}', at=6.0))
+    hub = cron.hub_job_state()
+    assert JobStateRow(job="offhub", key="k", value='{"n": 2}') in hub.rows
+    store = read_store(runtime)
+    try:
+        assert store.scalar("SELECT value FROM job_state WHERE job = 'offhub'") == '{"n": 2}'
+        assert store.scalar("SELECT updated_at FROM job_state WHERE job = 'offhub'") == 6.0
+        assert 0 <= hub.write_log_id <= store.scalar(
+            "SELECT coalesce(max(id), 0) FROM write_log")
+    finally:
+        store.close()
+    with pytest.raises(BadRequest, match="offhub/k"):
+        cron.save_job_state(SaveJobState(job="offhub", key="k", value="{not json", at=7.0))
+    # the language model's retry queue: to the run, and back as the run left it
+    queue = runtime.store.resolved_dir / QUEUE_DIR
+    cron.save_llm_queue(SaveLLMQueue(files=[QueueFile(name="000000000007.json", data="{}")]))
+    assert [f.name for f in cron.hub_job_state().llm_queue] == ["000000000007.json"]
+    cron.save_llm_queue(SaveLLMQueue(files=[]))
+    assert cron.hub_job_state().llm_queue == [] and not any(queue.iterdir())
 
 
 def test_reminder_fires_once_when_due(runtime: Settings) -> None:

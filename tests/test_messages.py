@@ -161,6 +161,12 @@ SAMPLES: list[m.Message] = [
         due_local="2026-12-01T19:00+00:00", fired=3, last_outcome="said",
         error="NoActor: no transcript actor")]),
     m.CancelReminder(id=2),
+    m.HubJobState(),
+    m.JobStateRows(write_log_id=12, rows=[m.JobStateRow(job="facts", key="turns",
+                                                          value='{"after": 3}')]),
+    m.SaveJobState(job="facts", key="turns", value='{"after": 4}', at=5.0),
+    m.SaveLLMQueue(files=[m.QueueFile(name="000000000001.json", data="{}"),
+                          m.QueueFile(name="counters.json", data="{}")]),
     # the edge
     m.Presence(person="ana", state="home", at=6.0, place="kitchen", source="espresense",
                activity=True),
