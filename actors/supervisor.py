@@ -35,6 +35,7 @@ from actors.common import (
     TRANSCRIPT,
     TURNS,
     actors_for,
+    open_store,
 )
 from actors.cron import CronActor
 from actors.edge import EdgeActor
@@ -101,6 +102,12 @@ class Supervisor:
         self.handles: dict[str, Any] = {}
         self.clients: dict[str, ActorClient] = {}
         self.names = actors_for(settings)
+        # The store is created and migrated here, once, before the actors open it
+        # side by side: each would otherwise take the write lock for every
+        # pending migration step in turn, and on a busy machine one of them could
+        # wait past the busy timeout and fail its creation ("database is
+        # locked"), and with it the start. The actors then find nothing to do.
+        open_store(settings).close()
         # Every actor is created at once, in dependency order (the names are
         # registered as they are created, so an actor may look up one created
         # after it), and their processes start side by side: waiting for each
