@@ -109,6 +109,11 @@ WRITER = "cron"
 # A job is asked to stop at its budget after the batch it is in; past this
 # multiple of the budget its actor is killed and the run recorded as failed.
 HARD_LIMIT = 3.0
+# How long a run's actor may take to come up (a worker process started, the job's
+# modules imported) before the run is failed, when that is longer than the hard
+# limit: the limit is the job's own, and a busy hub or a helper that went away
+# must not spend it.
+START_GRACE_S = 120.0
 MAX_WAKE_S = 3600.0
 # Scheduled prompts answered at once (each waits for the language model).
 PROMPT_WORKERS = 2
@@ -476,7 +481,13 @@ class CronActor:
                              max_restarts=0, max_task_retries=0,
                              **job_options(self.settings)).remote(self.settings)
         limit = self.settings.jobs.budget_s * HARD_LIMIT
+        start = max(limit, START_GRACE_S)
         try:
+            try:  # the limit counts from a live actor, not from asking for one
+                ray.get(handle.ping.remote(), timeout=start)
+            except GetTimeoutError:
+                raise TimeoutError(f"the run's actor did not start within {start:.0f} s; "
+                                   "it was killed") from None
             hub = ray.get_runtime_context().get_node_id()
             return ray.get(handle.run.remote(name, target, now, hub), timeout=limit)
         except RayTaskError as exc:  # raised by the job: recorded as itself
