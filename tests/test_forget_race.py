@@ -24,6 +24,7 @@ from runtime.memories.refs import Ref
 from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
 from runtime.mind import distil, extract
+from runtime.mind.synthesis import synthesise
 from runtime.time.clock import ManualClock
 
 SECRET = "Caroline is seeing a divorce lawyer"  # what the forgotten turn said
@@ -212,3 +213,20 @@ def test_the_facts_job_skips_a_fact_whose_turn_was_forgotten_meanwhile(
     assert memory.store.scalar("SELECT count(*) FROM facts") == 0
     assert nowhere(memory, "4417")
     assert "4417" not in caplog.text
+
+
+def test_the_synthesis_job_skips_a_portrait_citing_a_fact_forgotten_meanwhile(
+        memory: Memory, caplog: pytest.LogCaptureFixture) -> None:
+    a_fact(memory, "lives_in", "Caroline lives in Lisbon", [])
+    lawyer = a_fact(memory, "concern_lawyer", SECRET, [])
+    ctx = memory.job_context()
+    ctx.writer = ForgetFirst(memory, "add_portrait", f"fact:{lawyer}")
+    with caplog.at_level(logging.INFO):
+        result = synthesise(ctx)  # not a failed run
+    assert result.items == 0 and "forgotten during the run" in result.detail
+    assert memory.store.scalar("SELECT count(*) FROM portraits") == 0
+    assert nowhere(memory, SECRET)
+    assert "lawyer" not in caplog.text
+    again = synthesise(memory.job_context())  # the next run makes it from what is left
+    assert again.items == 1
+    assert nowhere(memory, SECRET)
