@@ -7,9 +7,10 @@ then writes what it made, citing what it read. The user may forget one of
 those memories in between; the forget cascade
 (:mod:`runtime.memories.derived`) cannot reach a row not written yet. So the
 owners' services check a new derived memory's citations inside the write
-transaction that stores it (no gap between the check and the write: SQLite
-serialises the writers, and a forget commits either before, and the write is
-refused, or after, and its cascade takes the new row):
+transaction that stores it (no gap between the check and the write: the
+transaction is ``BEGIN IMMEDIATE``, so SQLite serialises it with the forget's,
+which commits either before, and the write is refused, or after, and its
+cascade takes the new row):
 
 - an episode (:class:`runtime.memories.episodes.EpisodeService`): its cited
   turns (``cites``) and the episodes it rolls up (``children``);
