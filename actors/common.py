@@ -12,6 +12,7 @@ import ray
 from pydantic import BaseModel, ValidationError
 
 from runtime.config import Settings
+from runtime.memories.cited import StaleCitation
 from runtime.memories.profiles import MemoryProfiles
 from runtime.memories.refs import Ref, parse_ref
 from runtime.store.database import Store
@@ -53,7 +54,16 @@ class BadRequest(ValueError):
     ``ray.exceptions.RayTaskError``; :func:`unwrap` gets it back."""
 
 
+class CitesForgotten(BadRequest, StaleCitation):
+    """A derived memory refused because it cites a memory forgotten since the job
+    read it (:mod:`runtime.memories.cited`): a ``BadRequest`` naming the refs,
+    and a ``StaleCitation``, so a job skips the item the same way in the actor
+    runtime as in-process."""
+
+
 def bad_request(exc: ValidationError | ValueError) -> BadRequest:
+    if isinstance(exc, StaleCitation):
+        return CitesForgotten(exc.what, exc.refs)
     if isinstance(exc, ValidationError):
         parts = []
         for err in exc.errors():

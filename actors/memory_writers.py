@@ -43,6 +43,7 @@ from actors.messages import (
     WriteLogExpired,
 )
 from runtime.config import Settings
+from runtime.memories.cited import StaleCitation
 from runtime.memories.digests import DigestService
 from runtime.memories.duplicates import NearDuplicate
 from runtime.memories.episodes import EpisodeService
@@ -70,7 +71,9 @@ class EpisodesActor:
 
     def add(self, msg: AddEpisode) -> EpisodeWritten:
         """Write an episode; a source that may not become episodes is refused
-        (the service's decision: ``MutedSource``)."""
+        (the service's decision: ``MutedSource``), and so is one citing a memory
+        forgotten since the job read it (``CitesForgotten``, a BadRequest naming
+        the refs: ``runtime.memories.cited``)."""
         msg = accept(AddEpisode, msg)
         try:
             episode_id = self.episodes.add(msg.episode, msg.writer)
@@ -160,16 +163,22 @@ class GraphActor:
                            existing_id=decision.existing_id, claim_id=decision.claim_id)
 
     def add_portrait(self, msg: AddPortrait) -> PortraitWritten:
-        """Append a version of the portrait (``runtime.memories.portrait``), with the write log."""
+        """Append a version of the portrait (``runtime.memories.portrait``), with the
+        write log; one citing a memory forgotten since the job read it is a
+        ``CitesForgotten`` (``runtime.memories.cited``), as for episodes, facts and
+        digests."""
         msg = accept(AddPortrait, msg)
-        return PortraitWritten(portrait_id=self.portraits.add(msg.portrait, msg.writer))
+        try:
+            return PortraitWritten(portrait_id=self.portraits.add(msg.portrait, msg.writer))
+        except StaleCitation as exc:  # cites a memory forgotten since it was read
+            raise bad_request(exc) from None
 
     def write_digests(self, msg: WriteDigests) -> DigestsWritten:
         """Add digests and prune expired ones (``runtime.memories.digests``), with the write log."""
         msg = accept(WriteDigests, msg)
         try:
             return DigestsWritten(digest_ids=self.digests.write(msg.batch, msg.writer))
-        except ValueError as exc:  # a monthly to prune, an unknown id
+        except ValueError as exc:  # a monthly to prune, an unknown id, a stale citation
             raise bad_request(exc) from None
 
     def update_profile(self, msg: UpdateProfile) -> ProfileUpdated:

@@ -15,7 +15,7 @@ from typing import Literal
 import pytest
 
 from actors import supervisor
-from actors.common import OWNERS, BadRequest
+from actors.common import OWNERS, BadRequest, CitesForgotten
 from actors.handles import (
     EpisodesClient,
     GraphClient,
@@ -33,6 +33,7 @@ from actors.messages import (
     UserTurn,
 )
 from runtime.config import CONFIG_DIR, Settings, load_settings
+from runtime.memories.cited import StaleCitation
 from runtime.memories.episodes import EpisodeIn
 from runtime.memories.facts import FactIn
 from runtime.store.database import Store
@@ -213,3 +214,27 @@ def test_unknown_or_misrouted_refs_are_bad_requests(runtime: Settings, client: G
                                                     ref: str, expected: str) -> None:
     with pytest.raises(BadRequest, match=expected):
         client.change(ChangeMemory(ref=ref, change="disable"))
+
+
+def test_the_owners_refuse_a_write_citing_a_turn_forgotten_since_the_read(
+        runtime: Settings) -> None:
+    """A job read a turn, the user forgot it, then the job writes an episode and
+    a fact made from it: both owners refuse, naming the ref
+    (``CitesForgotten``: a BadRequest the job takes as a StaleCitation), and
+    nothing of either is stored (runtime.memories.cited; per kind in process:
+    tests/test_forget_race.py)."""
+    word = "Xochimilco" + uuid.uuid4().hex[:6]
+    turn = f"turn:{say(f'My bank PIN hint is {word}, keep it quiet.')}"
+    change(turn, "delete")
+    for match in recall.find(FindMemories(text=word)).items:  # a reply quoting it
+        change(match.ref, "delete")
+    turn_id = int(turn[5:])
+    with pytest.raises(CitesForgotten, match=f"episode refused: it cites {turn}") as caught:
+        episodes.add(AddEpisode(episode=EpisodeIn(
+            channel="chat", source="user", gist=f"The PIN hint is {word}.", cites=[turn_id])))
+    assert isinstance(caught.value, StaleCitation) and caught.value.refs == (turn,)
+    with pytest.raises(CitesForgotten, match=f"fact refused: it cites {turn}"):
+        graph.add(AddFact(fact=FactIn(kind="user_specific", subject="user", key="pin-hint",
+                                      value=f"PIN hint {word}", provenance=[turn])))
+    left = traces(runtime, word)
+    assert left == dict.fromkeys(left, 0)

@@ -52,6 +52,7 @@ import logging
 import re
 from dataclasses import dataclass
 
+from runtime.memories.cited import stale
 from runtime.memories.portrait import PortraitIn, PortraitService
 from runtime.store.database import Store
 from runtime.store.job_state import get_state, set_state
@@ -319,12 +320,15 @@ def _drop_untold(store: Store, texts: list[str]) -> None:
 
 
 def _latest_without(store: Store, ref: str) -> PortraitIn | None:
-    """The latest portrait version less its lines citing ``ref``, if it cites
-    ``ref`` and has other lines; else None."""
+    """The latest portrait version less its lines citing ``ref`` (and those citing
+    another memory no longer stored: the portrait's owner refuses a version
+    citing one, :mod:`runtime.memories.cited`), if it cites ``ref`` and has
+    other lines; else None."""
     latest = _portraits(store).latest()
     if latest is None or not any(ref in line.refs for line in latest.lines):
         return None
-    kept = [line for line in latest.lines if ref not in line.refs]
+    gone = {ref, *stale(store, (r for line in latest.lines for r in line.refs))}
+    kept = [line for line in latest.lines if not gone.intersection(line.refs)]
     if not kept:
         return None
     return PortraitIn.model_validate({"lines": kept, "signature": latest.signature,

@@ -30,6 +30,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from runtime.memories.cited import refuse_stale
 from runtime.store.database import Row, Store
 
 log = logging.getLogger(__name__)
@@ -121,9 +122,13 @@ class DigestService:
         """Add the batch's digests (one already stored for its period and key is
         kept as it is: its id is answered) and delete the ``prune`` ids, all or
         nothing. ValueError for an unknown id or a monthly: monthlies are kept
-        forever."""
+        forever; :class:`runtime.memories.cited.StaleCitation` (a ValueError)
+        naming the refs when a digest to add cites an episode no longer stored
+        (forgotten since the job read it): nothing of the batch is written, and
+        the caller may send the batch again without the digests citing them."""
         ids: list[int] = []
         with self.store.write_transaction():
+            refuse_stale(self.store, "digest", (r for d in batch.digests for r in d.refs))
             for d in batch.digests:
                 old = self.store.scalar(f"SELECT id FROM {TABLE} WHERE period = ? AND key = ?",
                                         (d.period, d.key))

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.memories import derived, levels, privacy
+from runtime.memories.cited import refuse_stale, stale
 from runtime.memories.decay import MemoryLevel, tombstone_expired
 from runtime.memories.duplicates import DuplicateCheck, NearDuplicate
 from runtime.memories.profiles import MemoryProfiles
@@ -58,6 +59,11 @@ class EpisodeIn(BaseModel):
     person: str | None = Field(default=None, max_length=200)
 
 
+def _cited(episode: EpisodeIn) -> list[str]:
+    """The memories an episode is made from: its turns and the episodes it rolls up."""
+    return [*(f"turn:{t}" for t in episode.cites), *(f"episode:{c}" for c in episode.children)]
+
+
 class EpisodeService:
     def __init__(self, store: Store, profiles: MemoryProfiles,
                  duplicates: DuplicateCheck | None = None) -> None:
@@ -69,11 +75,18 @@ class EpisodeService:
         """Store an episode and its citations; tombstone the children it rolls up.
         A leaf that duplicates a live episode raises
         :class:`runtime.memories.duplicates.NearDuplicate` naming it: nothing new is written,
-        but its cited turns join the kept episode's citations."""
+        but its cited turns join the kept episode's citations.
+
+        One citing a turn, or rolling up an episode, that is no longer stored
+        (forgotten since the job read it) raises
+        :class:`runtime.memories.cited.StaleCitation` naming it: nothing is
+        written, not even as a duplicate's citations. Checked before the
+        duplicate check and again inside the write transaction."""
         if not self.profiles.for_source(episode.source).episodes:
             raise MutedSource(f"source {episode.source!r} does not become episodes")
         if episode.level == 0 and episode.children:
             raise ValueError("a leaf episode has no children")
+        refuse_stale(self.store, "episode", _cited(episode))
         if episode.level == 0 and self.duplicates is not None:
             duplicate = self.duplicates.episode(episode.gist)
             if duplicate is not None:  # refused; a higher level it asks for is taken
@@ -86,6 +99,7 @@ class EpisodeService:
                 raise NearDuplicate("episode", duplicate)
         now = self.store.clock.now()
         with self.store.write_transaction():
+            refuse_stale(self.store, "episode", _cited(episode))  # no gap: in the write
             sensitive, person = privacy.episode_marks(
                 self.store, episode.cites, episode.children, episode.sensitive, episode.person)
             episode_id = self.store.insert(writer, "episodes", {
@@ -108,12 +122,14 @@ class EpisodeService:
 
     def _merge_cites(self, kept: Row, episode: EpisodeIn, writer: str) -> None:
         """A refused leaf's turns are cited by the episode it repeats: they stay
-        evidence (never pruned as uncited), and a sensitive one marks it."""
+        evidence (never pruned as uncited), and a sensitive one marks it. A
+        turn forgotten since the leaf was read is not cited."""
         with self.store.write_transaction():
             have = {r["transcript_id"] for r in self.store.rows(
                 "SELECT transcript_id FROM episode_citations WHERE episode_id = ?",
                 (kept["id"],))}
-            new = sorted(set(episode.cites) - have)
+            gone = set(stale(self.store, (f"turn:{t}" for t in episode.cites)))
+            new = sorted(t for t in set(episode.cites) - have if f"turn:{t}" not in gone)
             for turn_id in new:
                 self.store.insert(writer, "episode_citations",
                                   {"episode_id": kept["id"], "transcript_id": turn_id})

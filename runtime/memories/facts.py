@@ -37,6 +37,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.memories import derived, levels, privacy
+from runtime.memories.cited import refuse_stale
 from runtime.memories.decay import MemoryLevel
 from runtime.memories.duplicates import DuplicateCheck
 from runtime.memories.episodes import MutedSource
@@ -130,7 +131,11 @@ class GraphService:
 
         Raises :class:`runtime.store.fact_kinds.UnknownFactKind` for a kind outside the
         set and :class:`runtime.memories.episodes.MutedSource` for a source whose profile
-        does not feed facts (both are ValueErrors)."""
+        does not feed facts (both are ValueErrors); and
+        :class:`runtime.memories.cited.StaleCitation` (a ValueError too) for one
+        whose provenance names a turn, episode or fact no longer stored
+        (forgotten since the job read it), checked inside the write
+        transaction: nothing is written, no claim counted."""
         policy = self.kinds.policy(fact.kind)  # raises UnknownFactKind
         if not self.profiles.for_source(fact.source).facts:
             raise MutedSource(f"source {fact.source!r} does not feed facts")
@@ -140,6 +145,7 @@ class GraphService:
                 return duplicate, self._duplicate(duplicate, fact, writer)
         now = self.store.clock.now()
         with self.store.write_transaction():
+            refuse_stale(self.store, "fact", fact.provenance)  # no gap: in the write
             current = self.current(fact.subject, fact.key)
             decision = resolve(current, fact)
             if decision.action == "reinforce":

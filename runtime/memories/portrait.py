@@ -33,6 +33,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from runtime.memories import privacy
+from runtime.memories.cited import refuse_stale
 from runtime.store.database import Row, Store
 
 log = logging.getLogger(__name__)
@@ -115,11 +116,18 @@ class PortraitService:
         self.store = store
 
     def add(self, portrait: PortraitIn, writer: str = WRITER) -> int:
-        return self.store.insert(writer, TABLE, {
-            "created_at": self.store.clock.now(), "signature": portrait.signature,
-            "how": portrait.how,
-            "lines": json.dumps([line.model_dump() for line in portrait.lines]),
-        })
+        """Append a version. One whose lines cite a fact or episode no longer
+        stored (forgotten since the job read it) is refused whole,
+        :class:`runtime.memories.cited.StaleCitation`: a model wrote every line
+        from every fact it was given, so no line is kept."""
+        with self.store.write_transaction():
+            refuse_stale(self.store, "portrait",
+                         (r for line in portrait.lines for r in line.refs))
+            return self.store.insert(writer, TABLE, {
+                "created_at": self.store.clock.now(), "signature": portrait.signature,
+                "how": portrait.how,
+                "lines": json.dumps([line.model_dump() for line in portrait.lines]),
+            })
 
     def latest(self) -> Portrait | None:
         row = self.store.row(f"SELECT * FROM {TABLE} ORDER BY id DESC LIMIT 1")

@@ -53,6 +53,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.memories import privacy
+from runtime.memories.cited import StaleCitation
 from runtime.memories.digests import (
     MAX_REFS,
     MAX_TEXT,
@@ -290,6 +291,25 @@ def _earliest(store: Store) -> float | None:
     return min(present) if present else None
 
 
+def _write(ctx: JobContext, batch: list[DigestIn]) -> int:
+    """Write ``batch``; return how many were written. One citing an episode
+    forgotten since it was read is refused with the batch (StaleCitation,
+    ``runtime.memories.cited``): the batch goes again without the digests
+    citing it, which the next run makes again from what is left."""
+    while batch:
+        try:
+            ctx.writer.write_digests(DigestBatch(digests=batch), WRITER)
+            return len(batch)
+        except StaleCitation as refused:
+            kept = [d for d in batch if not set(refused.refs).intersection(d.refs)]
+            log.info("synthesis job: %d digests cite episodes forgotten since they were"
+                     " read; skipped", len(batch) - len(kept))
+            if len(kept) == len(batch):
+                raise
+            batch = kept
+    return 0
+
+
 def _prunable(service: DigestService, today: date, zone: tzinfo,
               params: DigestParams) -> list[int]:
     weeks, months = service.keys("week"), service.keys("month")
@@ -338,12 +358,10 @@ def digest_step(ctx: JobContext, params: DigestParams | None = None) -> JobResul
                 if digest is not None:
                     batch.append(digest)
                 if len(batch) >= 20:  # commit as it goes: a long history is resumable
-                    ctx.writer.write_digests(DigestBatch(digests=batch), WRITER)
-                    written[period] += len(batch)
+                    written[period] += _write(ctx, batch)
                     batch = []
             if batch:
-                ctx.writer.write_digests(DigestBatch(digests=batch), WRITER)
-                written[period] += len(batch)
+                written[period] += _write(ctx, batch)
             if more:
                 break
     prune = _prunable(service, today, zone, params)

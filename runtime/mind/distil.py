@@ -66,6 +66,7 @@ from runtime.llm.providers import (
 )
 from runtime.llm.queue import PendingEntry, PendingQueue
 from runtime.memories import derived, privacy
+from runtime.memories.cited import StaleCitation
 from runtime.memories.emotion import LABELS, NEUTRAL, read_emotion
 from runtime.memories.episodes import EpisodeIn
 from runtime.memories.profiles import MemoryProfiles
@@ -551,6 +552,7 @@ class _Run:
     episodes: int = 0
     windows: int = 0
     by_llm: int = 0
+    stale: int = 0  # segments refused: they cite a turn forgotten since it was read
     offline: int = 0
     queued: int = 0
     retried: int = 0
@@ -587,12 +589,16 @@ class _Run:
     # -- writes -----------------------------------------------------------
 
     def write(self, channel: str, turns: Sequence[Turn], distilled: Distilled) -> None:
-        episode_id = self.ctx.writer.add_episode(EpisodeIn(
-            channel=channel, source=episode_source(turns), gist=distilled.gist, level=0,
-            salience=distilled.salience, emotion=distilled.emotion,
-            cites=[t.id for t in turns], started_at=turns[0].created_at,
-            ended_at=turns[-1].created_at, thread=distilled.thread,
-            thread_what=distilled.thread_what), WRITER)
+        try:
+            episode_id = self.ctx.writer.add_episode(EpisodeIn(
+                channel=channel, source=episode_source(turns), gist=distilled.gist, level=0,
+                salience=distilled.salience, emotion=distilled.emotion,
+                cites=[t.id for t in turns], started_at=turns[0].created_at,
+                ended_at=turns[-1].created_at, thread=distilled.thread,
+                thread_what=distilled.thread_what), WRITER)
+        except StaleCitation as refused:  # a turn forgotten since it was read
+            self.rewrite_without(channel, turns, refused)
+            return
         if self.threads is not None:
             self.threads.resolve(channel, episode_id, turns, distilled.closes)
         self.episodes += 1
@@ -604,6 +610,20 @@ class _Run:
             # a sensitive gist never enters the continuity summary (runtime.memories.privacy)
             self.recent.setdefault(channel, []).append(distilled.gist)
             del self.recent[channel][:-3]
+
+    def rewrite_without(self, channel: str, turns: Sequence[Turn],
+                        refused: StaleCitation) -> None:
+        """The episode of ``turns`` was refused: it cites turns forgotten since
+        they were read (``runtime.memories.cited``; its gist may quote them). The
+        turns still stored get an offline episode of their own words alone: left
+        uncited, the watermark would pass them and the janitor prune them."""
+        self.stale += 1
+        kept = [t for t in turns if f"turn:{t.id}" not in refused.refs]
+        log.info("distil: a segment cites %d turns forgotten since it was read; %s",
+                 len(refused.refs), "written again without them" if kept else "skipped",
+                 extra={"channel": channel})
+        if kept and len(kept) < len(turns):
+            self.write(channel, kept, offline_distil(kept, self.params))
 
     def enqueue(self, channel: str, turns: Sequence[Turn], error: str) -> None:
         entry = PendingEntry(
@@ -794,6 +814,7 @@ def distil(ctx: JobContext, params: DistilParams | None = None) -> JobResult:
     detail = (f"distil: {run.episodes} episodes from {run.windows} windows "
               f"({run.by_llm} by LLM, {run.offline} offline), {run.queued} queued, "
               f"{run.retried} retried, {pending} pending, "
-              f"{run.threads.resolved} threads resolved")
+              f"{run.threads.resolved} threads resolved"
+              + (f", {run.stale} refused (citing forgotten turns)" if run.stale else ""))
     log.info(detail)
     return JobResult(items=run.episodes, detail=detail, more=not finished)

@@ -54,6 +54,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.memories import privacy
+from runtime.memories.cited import StaleCitation
 from runtime.memories.episodes import EpisodeIn
 from runtime.memories.facts import FactIn
 from runtime.memories.portrait import MAX_LINE_REFS, OneLine, SourceRef, latest_portrait
@@ -412,7 +413,11 @@ def reflect(ctx: JobContext, params: DmnParams | None = None) -> JobResult:
         fact = FactIn(kind=KIND, subject=SUBJECT, key=finding.key, value=finding.text,
                       confidence=finding.confidence, source=SOURCE,
                       provenance=[*finding.refs, f"rule:{JOB}"], valid_from=now)
-        ctx.writer.add_fact(fact, WRITER)
+        try:
+            ctx.writer.add_fact(fact, WRITER)
+        except StaleCitation:  # a memory it rests on forgotten since it was read
+            log.info("dmn job: a finding cites a memory forgotten since it was read; skipped")
+            continue
         written += 1
         seen = [*seen, finding.key][-MAX_SEEN:]
         unsaid = [*unsaid, finding.text]

@@ -61,6 +61,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from runtime.llm.providers import ChatMessage, FallbackChain, LLMError, LLMRequest
 from runtime.memories import privacy
+from runtime.memories.cited import StaleCitation
 from runtime.memories.facts import FactIn
 from runtime.memories.profiles import MemoryProfiles
 from runtime.mind.contract import JobContext, JobResult
@@ -144,6 +145,7 @@ class Tally:
     actions: Counter[str] = field(default_factory=Counter)
     unsupported: int = 0
     refused: int = 0
+    stale: int = 0  # citing a memory forgotten since it was read (runtime.memories.cited)
     llm_fallbacks: int = 0  # chunks the model failed on, read by the rules instead
 
     @property
@@ -155,6 +157,7 @@ class Tally:
         return (f"{self.units['episode']} episodes, {self.units['remember']} remember turns; "
                 f"{self.written} facts ({acts}); {self.unsupported} unsupported, "
                 f"{self.refused} refused"
+                + (f", {self.stale} citing forgotten memories" if self.stale else "")
                 + (f"; {self.llm_fallbacks} LLM fallbacks" if self.llm_fallbacks else ""))
 
 
@@ -332,6 +335,10 @@ class FactsJob:
         fact = _canonical(ctx.store, fact)
         try:
             _, decision = ctx.writer.add_fact(fact, WRITER)
+        except StaleCitation:  # its turn or episode forgotten since it was read: skipped
+            tally.stale += 1
+            log.info("facts job: a fact cites a memory forgotten since it was read; skipped")
+            return
         except ValueError as exc:  # UnknownFactKind, MutedSource: a rule's mistake
             tally.refused += 1
             log.warning("facts job: fact refused: %s", type(exc).__name__)

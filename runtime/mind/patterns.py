@@ -68,6 +68,7 @@ from datetime import datetime, tzinfo
 from typing import Any
 
 from runtime.memories import privacy
+from runtime.memories.cited import StaleCitation
 from runtime.memories.facts import FactIn
 from runtime.memories.profiles import MemoryProfiles
 from runtime.memories.refs import Ref
@@ -562,6 +563,10 @@ class PatternsJob:
                       valid_from=valid_from)
         try:
             fact_id, decision = ctx.writer.add_fact(fact, WRITER)
+        except StaleCitation:  # an evidence turn forgotten since it was read: next run
+            log.info("patterns job: a pattern cites a turn forgotten since it was read;"
+                     " skipped")
+            return None
         except ValueError as exc:  # a muted source, an unknown kind: a setup mistake
             outcome.refused += 1
             log.warning("patterns job: pattern refused: %s", type(exc).__name__)

@@ -48,6 +48,7 @@ import numpy as np
 
 from runtime.config import Settings
 from runtime.llm.providers import ChatMessage, LLMError, LLMRequest
+from runtime.memories.cited import StaleCitation
 from runtime.memories.episodes import EpisodeIn
 from runtime.memories.threads import carried as carried_thread
 from runtime.mind import clustering
@@ -306,7 +307,12 @@ def _write_plan(ctx: JobContext, key: str, state: dict[str, Any]) -> tuple[int, 
             continue
         unit = {r["id"]: clustering.normalise(vectors[r["id"]][None, :])[0] for r in members}
         centre = clustering.normalise(np.mean(list(unit.values()), axis=0)[None, :])[0]
-        ctx.writer.add_episode(parent_of(ctx, members, centre, unit), WRITER)
+        try:
+            ctx.writer.add_episode(parent_of(ctx, members, centre, unit), WRITER)
+        except StaleCitation as refused:  # a member or turn forgotten since the read
+            log.info("rollup: a cluster cites %d memories forgotten since it was read;"
+                     " skipped", len(refused.refs))
+            continue
         written += 1
         if ctx.out_of_time():
             return written, False

@@ -47,6 +47,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from runtime.llm.providers import FallbackChain
 from runtime.memories import privacy
+from runtime.memories.cited import StaleCitation
 from runtime.memories.portrait import (
     MAX_LINE_REFS,
     MAX_LINES,
@@ -320,8 +321,14 @@ def synthesise(ctx: JobContext, params: SynthesisParams | None = None) -> JobRes
     if latest is not None and list(latest.lines) == lines and latest.how == how:
         set_state(ctx.store, JOB, "signature", ev.signature)
         return JobResult(items=0, detail="nothing new (same portrait)")
-    portrait_id = ctx.writer.add_portrait(
-        PortraitIn(lines=lines, signature=ev.signature, how=how), WRITER)
+    try:
+        portrait_id = ctx.writer.add_portrait(
+            PortraitIn(lines=lines, signature=ev.signature, how=how), WRITER)
+    except StaleCitation as refused:  # the signature stays: the next run makes it again
+        log.info("synthesis job: the portrait cites %d memories forgotten since they were"
+                 " read; skipped", len(refused.refs))
+        return JobResult(items=0, detail="portrait skipped: it cites memories forgotten"
+                                         " during the run")
     set_state(ctx.store, JOB, "signature", ev.signature)
     detail = (f"portrait {portrait_id}: {len(lines)} lines ({how}) from {len(ev.facts)} facts "
               f"and {len(ev.episodes)} episodes")
