@@ -296,6 +296,8 @@ def run_person(path: Path, embedder: Embedder, workdir: Path, mode: str,
     history_turns = settings.runtime.history_turns
     clock = ManualClock(0.0)
     memory = Memory(settings, clock=clock, embedder=embedder)
+    from locomo_recall import passage_cut
+    memory.indexer.cut = passage_cut(settings.recall, grid)
     baselines = Baselines(memory, embedder)
     plain: dict[str, Callable[[str], list[int]]] = {
         "bm25": baselines.bm25, "dense": baselines.dense, "rrf": baselines.rrf}
