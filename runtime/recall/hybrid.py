@@ -411,8 +411,7 @@ class Recaller:
         as relevance weighs them): its similarity, its (start, stop) and its id."""
         ids = [key[1] for key in cands if key[0] == "turn"]
         out: dict[Key, tuple[float, tuple[int, int], int]] = {}
-        best: dict[int, float] = {}
-        for start in range(0, len(ids), ID_CHUNK):
+        for start in range(0, len(ids), ID_CHUNK):  # a turn's passages are in one chunk
             chunk = ids[start:start + ID_CHUNK]
             rows = cast(list[tuple[int, int, int, int, bytes]], self.store.conn.execute(
                 "SELECT id, transcript_id, start, stop, vec FROM passages WHERE vec IS NOT NULL"
@@ -421,11 +420,15 @@ class Recaller:
                 continue
             mat = np.frombuffer(b"".join(r[4] for r in rows), dtype=np.float32)
             sims = mat.reshape(len(rows), -1) @ qvec
-            for (passage, turn, begin, stop, _), sim in zip(rows, sims):
-                value = float(sim) + LEXICAL_WEIGHT * words.get(passage, 0.0)
-                if turn not in best or value > best[turn]:
-                    best[turn] = value
-                    out[("turn", turn)] = (float(sim), (begin, stop), passage)
+            value = sims + LEXICAL_WEIGHT * np.fromiter(
+                (words.get(r[0], 0.0) for r in rows), dtype=np.float32, count=len(rows))
+            turns = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+            # each turn's best passage: by turn, best value first (earliest of equals)
+            order = np.lexsort((np.arange(len(rows)), -value, turns))
+            first = order[np.r_[True, turns[order][1:] != turns[order][:-1]]]
+            for i in first.tolist():
+                passage, turn, begin, stop, _ = rows[i]
+                out[("turn", turn)] = (float(sims[i]), (begin, stop), passage)
         return out
 
     def _context_keywords(self, query: str, convo: list[_Said],
