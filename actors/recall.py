@@ -42,6 +42,7 @@ from runtime.llm.embedder import QueryCache, make_embedder
 from runtime.memories.duplicates import IndexFinder
 from runtime.memories.refs import find_matching, parse_ref
 from runtime.recall import browse as browsing
+from runtime.recall import passages
 from runtime.recall.hybrid import Recaller
 from runtime.recall.indexing import Indexer
 from runtime.store.fact_kinds import FactKinds
@@ -66,7 +67,8 @@ class RecallActor:
         index_dir = settings.store.resolved_dir / "index"
         self.index = VectorIndex(self.store, index_dir, self.embedder.name, self.embedder.dim)
         self.indexer = Indexer(self.store, self.index, cached,
-                               batch=settings.embedder.batch_size)
+                               batch=settings.embedder.batch_size,
+                               cut=passages.configured(settings.recall))
         self.recaller = Recaller(self.store, self.index, cached,
                                  FactKinds.load(settings.memory.fact_kinds_file),
                                  settings.recall, self.store.clock,

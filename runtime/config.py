@@ -165,6 +165,16 @@ class RecallSettings(_Section):
     diversity_gap_s: float = Field(default=1800.0, ge=0.0)
     # the best this many items are taken as they rank before the term applies
     diversity_after: int = Field(default=0, ge=0, le=200)
+    # ... and by similarity (MMR): a candidate scores this share of the best
+    # score times its highest cosine to an item already chosen less (0: none)
+    diversity_similarity: float = Field(default=0.0, ge=0.0, le=2.0)
+    # long turns as passages (issue 25; runtime.recall.passages): a turn longer
+    # than passage_tokens (about 4 characters each) is also indexed as passages of
+    # that length, overlapping by up to passage_overlap, for vectors and keywords;
+    # recall scores them, cites the turn and injects its best passage
+    passages: bool = False
+    passage_tokens: int = Field(default=200, ge=20, le=2000)
+    passage_overlap: int = Field(default=50, ge=0, le=1000)
     # multiply an episode's / a fact's final score (a turn's stays as it is), so
     # that the layers take part in recall with their own weights (issue 7; both
     # chosen leave-one-conversation-out on LoCoMo with --subconscious)

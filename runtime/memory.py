@@ -44,6 +44,7 @@ from runtime.memories.transcript import ToolCallIn, TranscriptService, TurnIn
 from runtime.memories.user_profile import ProfileOp, ProfileService
 from runtime.mind import janitor
 from runtime.mind.contract import JobContext
+from runtime.recall import passages
 from runtime.recall.hybrid import Recaller, RecallItem, RecallResult
 from runtime.recall.indexing import Indexer, Progress
 from runtime.recall.reader import StoreReader
@@ -76,7 +77,8 @@ class Memory:
         self.index = VectorIndex(self.store, self.index_dir, self.embedder.name,
                                  self.embedder.dim)
         self.indexer = Indexer(self.store, self.index, self.embedder,
-                               batch=settings.embedder.batch_size)
+                               batch=settings.embedder.batch_size,
+                               cut=passages.configured(settings.recall))
         self.transcript = TranscriptService(self.store, self.profiles)
         duplicates = DuplicateCheck(self.store,
                                     IndexFinder(self.store, self.index, self.embedder),

@@ -369,6 +369,22 @@ def test_search_words_kind_and_paging_reach_the_backend(fake: Any) -> None:
     assert backend.asked[-1].offset == 0
 
 
+def test_a_long_turn_is_listed_as_its_excerpt_and_opened_whole(fake: Any) -> None:
+    """Issue 25: the list shows a long turn as the stretch that holds the search
+    words, with its ref, which opens the whole turn."""
+    client, backend, _ = fake
+    filler = "We talked about many other things that afternoon, none of them important. "
+    text = filler * 20 + "The spare key hangs behind the pantry door. " + filler * 20
+    item = backend.add(text, kind="turn")
+    logged_in(client)
+    listed = client.get("/", params={"q": "pantry key"}).text
+    assert "The spare key hangs behind the pantry door." in listed
+    assert "\u2026" in listed and listed.count("none of them important") < 10
+    assert f'data-ref="{item.ref}"' in listed
+    whole = client.get(f"/memories/{item.ref}").text
+    assert whole.count("none of them important") == 40
+
+
 def test_the_timeline_reads_days_in_the_households_zone(fake: Any) -> None:
     client, backend, _ = fake
     zone = ZoneInfo(ZONE)

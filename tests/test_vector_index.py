@@ -26,7 +26,13 @@ from runtime.memory import Memory
 from runtime.recall.indexing import Indexer
 from runtime.store.database import Store
 from runtime.store.fact_kinds import FactKinds
-from runtime.store.vector_index import COMPACT_MIN, KINDS, IndexUnavailable, VectorIndex
+from runtime.store.vector_index import (
+    COMPACT_MIN,
+    INDEXED,
+    KINDS,
+    IndexUnavailable,
+    VectorIndex,
+)
 from runtime.time.clock import ManualClock
 
 DIM = 32
@@ -277,6 +283,6 @@ def test_index_files_are_owner_only(store: Store, tmp_path: Path) -> None:
         os.umask(old_umask)
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     files = sorted(p.name for p in directory.iterdir())
-    assert files == sorted(f"{k}{s}" for k in KINDS for s in (".hnsw", ".json"))
+    assert files == sorted(f"{k}{s}" for k in INDEXED for s in (".hnsw", ".json"))
     for name in files:
         assert stat.S_IMODE((directory / name).stat().st_mode) == 0o600, name

@@ -61,6 +61,7 @@ from actors.http.oauth import OAUTH_KEY
 from actors.messages import MAX_TURN_CHARS, BrowseMemories, MemoryPage, MemoryView
 from runtime.config import Settings
 from runtime.memories.privacy import person_key
+from runtime.recall.excerpt import excerpt
 from runtime.time.clock import household_zone
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,10 @@ log = logging.getLogger(__name__)
 COOKIE = "reverie_session"
 SCOPE_KEY = "reverie.page_auth"   # where Guard leaves the PageAuth for the page's routes
 PAGE_SIZE = 25
+# In the list and the timeline a longer turn shows its stretch of this many
+# tokens that holds the most of the search words (the start without a search),
+# as recall injects it (runtime.recall.excerpt); its ref opens it whole.
+EXCERPT_TOKENS = 100
 TIMELINE_DAYS = 7                 # the timeline's default range: the last week
 KINDS = ("turn", "episode", "fact")
 ACTIONS = ("disable", "enable", "delete", "pin", "unpin")
@@ -461,8 +466,14 @@ def install(app: Any, settings: Settings, backend: Backend) -> None:
 
     # -- rendering pieces
 
-    def item_html(request: Request, item: MemoryView, back: str, actions: bool = True) -> Safe:
+    def item_html(request: Request, item: MemoryView, back: str, actions: bool = True,
+                  words: str | None = None) -> Safe:
+        """One memory; with ``words`` (a list's search words, "" for none) a long
+        turn as its excerpt (:data:`EXCERPT_TOKENS`)."""
         csrf = auth_of(request).csrf
+        text = item.text
+        if words is not None and item.kind == "turn":
+            text = excerpt(text, words, EXCERPT_TOKENS)
         href = _ref_path(item.ref)
         badges = []
         if item.disabled:
@@ -493,7 +504,7 @@ def install(app: Any, settings: Settings, backend: Backend) -> None:
         moment = datetime.fromtimestamp(item.created_at, tz=zone)
         return fill(ITEM, classes=classes, ref=item.ref, anchor="m-" + item.ref.replace(":", "-"),
                     href=href, kind=item.kind, iso=moment.isoformat(timespec="seconds"),
-                    when=_when(item.created_at, zone), badges=join(badges), text=item.text,
+                    when=_when(item.created_at, zone), badges=join(badges), text=text,
                     actions=join(buttons))
 
     def kind_options(kind: str) -> Safe:
@@ -585,7 +596,7 @@ def install(app: Any, settings: Settings, backend: Backend) -> None:
         if isinstance(found, HTMLResponse):
             return found
         back = here(request)
-        items = join(item_html(request, item, back) for item in found.items)
+        items = join(item_html(request, item, back, words=q) for item in found.items)
         if not found.items:
             items = Safe('<p class="muted" id="empty">Nothing found.</p>')
         else:
@@ -615,7 +626,7 @@ def install(app: Any, settings: Settings, backend: Backend) -> None:
         days: dict[date, list[Safe]] = {}
         for item in found.items:
             day = datetime.fromtimestamp(item.created_at, tz=zone).date()
-            days.setdefault(day, []).append(item_html(request, item, back))
+            days.setdefault(day, []).append(item_html(request, item, back, words=""))
         sections = join(
             fill('<section class="day" data-day="$day"><h2>$label</h2>'
                  '<ol class="memories">$items</ol></section>',

@@ -13,6 +13,13 @@ candidates are dropped, never used as padding, and an unrelated query gets
 nothing. The result respects a budget of items and tokens. If the vector path
 fails, recall degrades to a deterministic keyword-only top-N.
 
+With ``recall.passages``, a long turn is also found and scored by its
+passages (:mod:`runtime.recall.passages`): its similarity is its best
+passage's when that is higher than its own vector's, its keyword score its
+best passage's when higher, and it is injected as its best passage. With
+``recall.diversity_similarity`` (MMR), while the budget is filled a candidate
+scores less the more it resembles (cosine) an item already chosen.
+
 Each memory is rendered as one line of text for the prompt (:func:`render`),
 with its dates in the household's time zone.
 """
@@ -39,12 +46,13 @@ from runtime.memories.decay import episode_weight, fact_weight, recency_weight
 from runtime.memories.mood import MoodService, congruence_bonus
 from runtime.memories.mood import current as current_mood
 from runtime.memories.threads import recall_bonus as thread_bonus
+from runtime.recall import passages as passage_text
 from runtime.recall import temporal as temporal_recall
 from runtime.recall.excerpt import excerpt
 from runtime.store.database import Row, Store
 from runtime.store.fact_kinds import FactKinds
 from runtime.store.fts import MAX_QUERY_CHARS, TermCounts, match_expression, query_terms
-from runtime.store.vector_index import KINDS, VectorIndex
+from runtime.store.vector_index import KINDS, PASSAGE, VectorIndex
 from runtime.time.clock import Clock, household_zone
 
 log = logging.getLogger(__name__)
@@ -183,6 +191,8 @@ class _Candidate:
     salience: int = TURN_SALIENCE
     turns: tuple[int, ...] = ()
     bonus: float = 0.0  # an open thread, mood congruence (memories.threads, .mood)
+    passage: tuple[int, int] | None = None  # a long turn's best passage (start, stop)
+    passage_id: int = 0  # ... and its row
 
 
 class Recaller:
@@ -355,6 +365,8 @@ class Recaller:
             best = max(score for _, score in hits) or 1.0
             for rowid, score in hits:
                 found[(kind, int(rowid))] = max(0.0, float(score) / best)
+        if self.settings.passages:
+            self._passage_keywords(expr, found)
         for key, score in context_found.items():
             found[key] = found.get(key, 0.0) + score
         if self.settings.keyword_feedback > 0:
@@ -363,6 +375,61 @@ class Recaller:
             except apsw.Error as exc:
                 log.warning("keyword feedback skipped: %s", type(exc).__name__)
         return found
+
+    def _passage_keywords(self, expr: str, found: dict[Key, float]) -> None:
+        """The long turns' passages searched for the query's words: a passage
+        scores its normalised bm25 (kept under its own key, ``(PASSAGE, id)``),
+        and its turn the best of that and its own. ``found`` is filled in place."""
+        k = self.settings.candidates
+        hits = list(self.store.conn.execute(
+            "SELECT f.rowid, p.transcript_id, f.score FROM (SELECT rowid,"
+            " -bm25(passages_fts) AS score FROM passages_fts WHERE passages_fts MATCH ?"
+            " ORDER BY bm25(passages_fts) LIMIT ?) f JOIN passages p ON p.id = f.rowid"
+            f" JOIN transcript ON transcript.id = p.transcript_id WHERE {_RECALLABLE['turn']}"
+            " ORDER BY f.score DESC LIMIT ?", (expr, k * LEXICAL_OVERFETCH, k)))
+        if not hits:
+            return
+        best = max(score for _, _, score in hits) or 1.0
+        for passage, turn, score in hits:
+            words = max(0.0, float(score) / best)
+            found[(PASSAGE, int(passage))] = words
+            found[("turn", int(turn))] = max(found.get(("turn", int(turn)), 0.0), words)
+
+    def _passage_turns(self, qvec: np.ndarray) -> set[Key]:
+        """The turns whose passages the passage index finds nearest the query."""
+        labels, _ = self.index.search(PASSAGE, qvec, self.settings.candidates)
+        if len(labels) == 0:
+            return set()
+        ids = [int(lb) for lb in labels]
+        return {("turn", int(r[0])) for r in self.store.conn.execute(
+            f"SELECT DISTINCT transcript_id FROM passages WHERE id IN ({','.join('?' * len(ids))})",
+            ids)}
+
+    def _best_passages(self, cands: dict[Key, _Candidate], qvec: np.ndarray,
+                       words: dict[int, float]) -> dict[Key, tuple[float, tuple[int, int], int]]:
+        """Each candidate turn's best passage (by similarity plus keyword score,
+        as relevance weighs them): its similarity, its (start, stop) and its id."""
+        ids = [key[1] for key in cands if key[0] == "turn"]
+        out: dict[Key, tuple[float, tuple[int, int], int]] = {}
+        for start in range(0, len(ids), ID_CHUNK):  # a turn's passages are in one chunk
+            chunk = ids[start:start + ID_CHUNK]
+            rows = cast(list[tuple[int, int, int, int, bytes]], self.store.conn.execute(
+                "SELECT id, transcript_id, start, stop, vec FROM passages WHERE vec IS NOT NULL"
+                f" AND transcript_id IN ({','.join('?' * len(chunk))})", chunk).fetchall())
+            if not rows:
+                continue
+            mat = np.frombuffer(b"".join(r[4] for r in rows), dtype=np.float32)
+            sims = mat.reshape(len(rows), -1) @ qvec
+            value = sims + LEXICAL_WEIGHT * np.fromiter(
+                (words.get(r[0], 0.0) for r in rows), dtype=np.float32, count=len(rows))
+            turns = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+            # each turn's best passage: by turn, best value first (earliest of equals)
+            order = np.lexsort((np.arange(len(rows)), -value, turns))
+            first = order[np.r_[True, turns[order][1:] != turns[order][:-1]]]
+            for i in first.tolist():
+                passage, turn, begin, stop, _ = rows[i]
+                out[("turn", turn)] = (float(sims[i]), (begin, stop), passage)
+        return out
 
     def _context_keywords(self, query: str, convo: list[_Said],
                           found: dict[Key, float]) -> None:
@@ -609,19 +676,25 @@ class Recaller:
 
     def _hybrid(self, query: str, qvec: np.ndarray, now: float,
                 lexical: dict[Key, float]) -> list[_Candidate]:
+        lexical, words = _without_passages(lexical)
         dense, floor = self._dense(qvec)
+        extra = self._passage_turns(qvec) if self.settings.passages else set()
         when = (temporal_recall.read(query, now, self.zone)  # a time named or asked for
                 if self.settings.temporal else None)
         if when is not None:
             dense.update(temporal_recall.pull_in(self.store, when, qvec, dense.keys() | lexical))
-        cands = self._load(set(dense) | set(lexical), now)
+        cands = self._load(set(dense) | set(lexical) | extra, now)
         missing = [k for k in cands if k not in dense]
         dense.update(self._similarities(missing, qvec))
+        passages = self._best_passages(cands, qvec, words) if self.settings.passages else {}
         gate = self.settings.min_cosine
         named = set(query_terms(query))
         kept: dict[Key, _Candidate] = {}
         for key, cand in cands.items():
             cand.cosine = dense.get(key, 0.0)
+            if key in passages:
+                sim, cand.passage, cand.passage_id = passages[key]
+                cand.cosine = max(cand.cosine, sim)
             cand.lexical = lexical.get(key, 0.0)
             lexical_gate = cand.lexical > 0 and cand.cosine >= gate - 0.1
             if cand.cosine < gate and not lexical_gate:
@@ -653,6 +726,7 @@ class Recaller:
                 cand.turns = tuple(sorted(cand.turns, key=lambda t: -sims.get(t, -2.0)))
 
     def _fallback(self, lexical: dict[Key, float], now: float) -> list[_Candidate]:
+        lexical, _ = _without_passages(lexical)
         cands = self._load(lexical, now)
         for key, cand in cands.items():
             cand.lexical = lexical[key]
@@ -682,18 +756,32 @@ class Recaller:
         floor = self.settings.relative_floor * scored[0][0]
         scored = [sc for sc in scored if sc[0] >= floor]
         penalty = self.settings.diversity * scored[0][0]
+        alike = self.settings.diversity_similarity * scored[0][0]
         items: list[RecallItem] = []
         used = 0
         seared = 0
         covered = [False] * len(scored)  # from a conversation already chosen
+        # MMR: each candidate's vector, and its highest cosine to a chosen item
+        vecs = self._vectors([c for _, c in scored]) if alike > 0 else None
+        nearest = np.zeros(len(scored), dtype=np.float32)
         while scored and len(items) < max_items:
             pick = 0
-            if penalty > 0 and len(items) >= self.settings.diversity_after:
-                # the best once those of a chosen conversation are marked down
+            if (penalty > 0 or alike > 0) and len(items) >= self.settings.diversity_after:
+                # the best once those of a chosen conversation, and those like
+                # what is chosen, are marked down
                 pick = max(range(len(scored)),
-                           key=lambda i: (scored[i][0] - penalty * covered[i], -i))
+                           key=lambda i: (scored[i][0] - penalty * covered[i]
+                                          - alike * float(nearest[i]), -i))
             score, cand = scored.pop(pick)
             covered.pop(pick)
+            if vecs is not None:
+                chosen = vecs[pick]
+                vecs = np.delete(vecs, pick, axis=0)
+                nearest = np.delete(nearest, pick)
+                if len(vecs):
+                    nearest = np.maximum(nearest, vecs @ chosen)
+            else:
+                nearest = np.delete(nearest, pick)
             if cand.row.get("memory_level") == "seared":  # at most a couple at once
                 if seared >= self.settings.max_seared:
                     continue
@@ -714,10 +802,44 @@ class Recaller:
                 person=privacy.row_person(cand.kind, cand.row)))
         return items
 
+    def _vectors(self, cands: list[_Candidate]) -> np.ndarray:
+        """The candidates' vectors, one row each (a long turn's: its best
+        passage's; zeros for one without a vector), for MMR."""
+        dim = int(self.index.dim)
+        out = np.zeros((len(cands), dim), dtype=np.float32)
+        where: dict[Key, int] = {}  # (kind or PASSAGE, id) -> row
+        for i, cand in enumerate(cands):
+            where[(PASSAGE, cand.passage_id) if cand.passage is not None
+                  else (cand.kind, cand.item_id)] = i
+        by_kind: dict[str, list[int]] = {}
+        for kind, item_id in where:
+            by_kind.setdefault(kind, []).append(item_id)
+        for kind, ids in by_kind.items():
+            for start in range(0, len(ids), ID_CHUNK):
+                chunk = ids[start:start + ID_CHUNK]
+                marks = ",".join("?" * len(chunk))
+                found = self.store.conn.execute(
+                    f"SELECT id, vec FROM passages WHERE vec IS NOT NULL AND id IN ({marks})",
+                    chunk) if kind == PASSAGE else self.store.conn.execute(
+                    f"SELECT item_id, vec FROM vectors WHERE kind = ? AND item_id IN ({marks})",
+                    [kind, *chunk])
+                for item_id, blob in found:
+                    out[where[(kind, item_id)]] = np.frombuffer(blob, dtype=np.float32)
+        return out
+
     def _text(self, cand: _Candidate, query: str) -> str:
-        """A memory's text for the prompt; a long turn's an excerpt
-        (``recall.excerpt_tokens``, :mod:`runtime.recall.excerpt`)."""
+        """A memory's text for the prompt; a long turn's its best passage
+        (``recall.passages``) or an excerpt (``recall.excerpt_tokens``,
+        :mod:`runtime.recall.excerpt`)."""
         n = self.settings.excerpt_tokens
+        if cand.kind == "turn" and cand.passage is not None:  # a long turn's best passage
+            content = str(cand.row["content"])
+            start, stop = cand.passage
+            body = content[start:stop]
+            if n > 0 and approx_tokens(body) > n:
+                body = excerpt(body, query, n)
+            row = {**cand.row, "content": passage_text.shown(content, start, stop, body)}
+            return render(cand.kind, row, self.zone)
         if cand.kind == "turn" and n > 0 and approx_tokens(str(cand.row["content"])) > n:
             row = {**cand.row, "content": excerpt(str(cand.row["content"]), query, n)}
             return render(cand.kind, row, self.zone)
@@ -733,6 +855,12 @@ class Recaller:
                             - float(chosen.row.get("created_at") or 0))
                     <= self.settings.diversity_gap_s)
         return bool(set(cand.turns).intersection(chosen.turns))
+
+
+def _without_passages(lexical: dict[Key, float]) -> tuple[dict[Key, float], dict[int, float]]:
+    """The keyword stage's scores of memories, and of passages (by id) apart."""
+    return ({key: v for key, v in lexical.items() if key[0] != PASSAGE},
+            {key[1]: v for key, v in lexical.items() if key[0] == PASSAGE})
 
 
 def _same_channel(channel_of: dict[int, str], me: int, channel: str, span: int,

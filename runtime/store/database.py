@@ -101,6 +101,11 @@ FTS_OF: dict[str, str] = {
     "episodes": "episodes_fts",
     "facts": "facts_fts",
 }
+# ... and the FTS5 indexes over text derived from a table's rows (a turn's
+# passages, migration 0021: its triggers delete them with the turn)
+DERIVED_FTS_OF: dict[str, tuple[str, ...]] = {
+    "transcript": ("passages_fts",),
+}
 
 
 class StoreError(RuntimeError):
@@ -335,8 +340,8 @@ class Store:
             self.forget_history(table, row_id)
             self._log(writer, "delete", table, row_id, {"id": row_id, "forgotten": True},
                       None)
-            fts = FTS_OF.get(table)
-            if fts is not None:
+            for fts in (*([FTS_OF[table]] if table in FTS_OF else []),
+                        *DERIVED_FTS_OF.get(table, ())):
                 self.conn.execute(f"INSERT INTO {fts} ({fts}) VALUES ('optimize')")
         log.info("row forgotten", extra={"table": table, "row_id": row_id})
         return before

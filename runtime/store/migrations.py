@@ -728,6 +728,43 @@ MIGRATIONS: list[tuple[str, str]] = [
         CREATE INDEX transcript_time ON transcript (created_at);
         """,
     ),
+    (
+        "0021_passages",
+        f"""
+        -- Long turns as overlapping passages (runtime.recall.passages; recall.passages):
+        -- derived data like the vectors, written by the indexer (not the write log),
+        -- searched by FTS5 and by their own vectors; recall cites their turn.
+        CREATE TABLE passages (
+            id            INTEGER PRIMARY KEY AUTOINCREMENT,  -- its vector's hnswlib label
+            transcript_id INTEGER NOT NULL,
+            seq           INTEGER NOT NULL,  -- 0, 1, ... through the turn
+            start         INTEGER NOT NULL,  -- character offsets in the turn's content
+            stop          INTEGER NOT NULL,
+            content       TEXT NOT NULL,
+            model         TEXT,  -- the embedding model (NULL: not embedded yet)
+            vec           BLOB,
+            UNIQUE (transcript_id, seq)
+        );
+        CREATE INDEX passages_unembedded ON passages (id) WHERE vec IS NULL;
+        CREATE VIRTUAL TABLE passages_fts USING fts5 (
+            content, content = 'passages', content_rowid = 'id', {_FTS_TOKENIZE}
+        );
+        CREATE TRIGGER passages_fts_ai AFTER INSERT ON passages BEGIN
+            INSERT INTO passages_fts (rowid, content) VALUES (new.id, new.content);
+        END;
+        CREATE TRIGGER passages_fts_ad AFTER DELETE ON passages BEGIN
+            INSERT INTO passages_fts (passages_fts, rowid, content)
+            VALUES ('delete', old.id, old.content);
+        END;
+        -- a turn forgotten or deleted takes its passages; an edited one's are cut again
+        CREATE TRIGGER transcript_passages_gone AFTER DELETE ON transcript BEGIN
+            DELETE FROM passages WHERE transcript_id = old.id;
+        END;
+        CREATE TRIGGER transcript_passages_stale AFTER UPDATE OF content ON transcript BEGIN
+            DELETE FROM passages WHERE transcript_id = old.id;
+        END;
+        """,
+    ),
 ]
 
 

@@ -16,6 +16,10 @@ the removes that crossed it, and on save. A search asks hnswlib for no more
 neighbours than there are live elements; any failure beyond that is an error
 (:class:`IndexUnavailable`), never a shorter answer. The index directory is
 owner-only (0700) and its files 0600.
+
+Beside the memory kinds, the long turns' passages (``PASSAGE``; migration
+0021, :mod:`runtime.recall.passages`) have an index of their own: their
+vectors live in the ``passages`` table, whose row id is the label.
 """
 
 from __future__ import annotations
@@ -34,6 +38,16 @@ from runtime.store.files import create_private, private_dir, write_private
 log = logging.getLogger(__name__)
 
 KINDS = ("turn", "episode", "fact")
+# the long turns' passages (runtime.recall.passages): an index, not a memory kind
+PASSAGE = "passage"
+INDEXED = (*KINDS, PASSAGE)
+
+
+def _source(kind: str) -> tuple[str, str, list[object]]:
+    """Where ``kind``'s vectors are: the table, the condition and its parameters."""
+    if kind == PASSAGE:
+        return "passages", "vec IS NOT NULL", []
+    return "vectors", "kind = ?", [kind]
 
 # A kind's index is rebuilt once its deleted elements are more than this share
 # of its elements, and more than COMPACT_MIN.
@@ -122,7 +136,7 @@ class VectorIndex:
         self.available = True
         self._kinds: dict[str, _KindIndex] = {}
         private_dir(self.directory)
-        for kind in KINDS:
+        for kind in INDEXED:
             self._kinds[kind] = self._open(kind)
 
     # -- files ------------------------------------------------------------
@@ -156,8 +170,9 @@ class VectorIndex:
         label: mark the ones deleted since it was saved, add the ones it lacks."""
         held = {int(label) for label in idx.index.get_ids_list()}
         # ids only (the covering (kind, item_id) index): never the vectors themselves
+        table, where, params = _source(kind)
         stored = {int(r[0]) for r in self.store.conn.execute(
-            "SELECT id FROM vectors WHERE kind = ? AND id <= ?", (kind, idx.max_label))}
+            f"SELECT id FROM {table} WHERE {where} AND id <= ?", [*params, idx.max_label])}
         gone = held - stored
         for label in gone:
             idx.remove(label)  # False when it was deleted before the save
@@ -168,16 +183,18 @@ class VectorIndex:
             chunk = missing[start:start + _BATCH]
             marks = ",".join("?" for _ in chunk)
             rows = list(self.store.conn.execute(
-                f"SELECT id, vec FROM vectors WHERE id IN ({marks}) AND model = ? ORDER BY id",
-                [*chunk, self.model]))
+                f"SELECT id, vec FROM {table} WHERE id IN ({marks}) AND {where} AND model = ?"
+                " ORDER BY id",
+                [*chunk, *params, self.model]))
             added += self._add_blobs(idx, [r[0] for r in rows], [r[1] for r in rows])
         if added:
             log.info("index %s: %d vectors missing from the cache added", kind, added)
 
     def _build(self, kind: str) -> _KindIndex:
         """A fresh index for ``kind`` from every vector the database holds."""
+        table, where, params = _source(kind)
         live = int(self.store.scalar(
-            "SELECT count(*) FROM vectors WHERE kind = ? AND model = ?", (kind, self.model)))
+            f"SELECT count(*) FROM {table} WHERE {where} AND model = ?", [*params, self.model]))
         idx = _KindIndex(self.dim, capacity=max(1024, live))
         self._catch_up(kind, idx)
         return idx
@@ -186,9 +203,10 @@ class VectorIndex:
         added = 0
         batch_labels: list[int] = []
         batch_vecs: list[bytes] = []
+        table, where, params = _source(kind)
         cur = self.store.conn.execute(
-            "SELECT id, vec FROM vectors WHERE kind = ? AND id > ? AND model = ? ORDER BY id",
-            (kind, idx.max_label, self.model),
+            f"SELECT id, vec FROM {table} WHERE {where} AND id > ? AND model = ? ORDER BY id",
+            [*params, idx.max_label, self.model],
         )
         for label, blob in cur:
             batch_labels.append(label)
@@ -211,7 +229,7 @@ class VectorIndex:
     def save(self) -> None:
         """Rebuild the kinds due for it, then write each index atomically (an
         owner-only temp file renamed over the old one), then its metadata."""
-        for kind in KINDS:
+        for kind in INDEXED:
             idx = self._kinds[kind]
             if idx.broken or self._wants_compaction(idx):
                 self.compact(kind)
@@ -248,6 +266,20 @@ class VectorIndex:
         idx = self._kinds[kind]
         if idx.remove(label) and self._wants_compaction(idx):
             self.compact(kind)
+
+    def prune(self, kind: str) -> int:
+        """Forget every label of ``kind`` whose vector the database no longer
+        holds (rows a trigger deleted: a turn's passages when its text was
+        edited); return how many."""
+        idx = self._kinds[kind]
+        table, where, params = _source(kind)
+        stored = {int(r[0]) for r in self.store.conn.execute(
+            f"SELECT id FROM {table} WHERE {where}", params)}
+        gone = [int(label) for label in idx.index.get_ids_list() if int(label) not in stored]
+        removed = sum(idx.remove(label) for label in gone)
+        if removed and self._wants_compaction(idx):
+            self.compact(kind)
+        return removed
 
     def count(self, kind: str) -> int:
         """Live vectors in the index (removed ones not counted)."""

@@ -281,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, default=None,
                     help="keep built stores here and reuse them on later runs")
     ap.add_argument("--json", dest="json_out", default=None, help="write the figures here")
+    ap.add_argument("--recall", type=json.loads, default={},
+                    help='JSON [recall] settings for the measured runtime, e.g.'
+                         ' \'{"passages": true, "diversity_similarity": 0.25}\'')
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     wall = time.perf_counter()
@@ -306,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
             for n in sizes:
                 data_dir, meta = stores[n]
                 c.log(f"size {n:,}: starting the actors on {data_dir}")
-                settings = c.make_settings(data_dir)
+                settings = c.make_settings(data_dir, recall=args.recall)
                 res = measure(settings, queries, warmup, args.rounds, args.block)
                 res |= {"n": n, "store": meta}
                 results.append(res)

@@ -101,6 +101,7 @@ from runtime.memory import Memory  # noqa: E402
 from runtime.mind.contract import JobContext  # noqa: E402
 from runtime.recall import indexing  # noqa: E402
 from runtime.recall.hybrid import Recaller  # noqa: E402
+from runtime.recall.passages import Cut  # noqa: E402
 from runtime.store.database import Row  # noqa: E402
 from runtime.store.fts import match_expression  # noqa: E402
 from runtime.time.clock import DAY, ManualClock, household_zone  # noqa: E402
@@ -343,6 +344,18 @@ def run_jobs(memory: Memory, clock: ManualClock, at: float) -> dict[str, int]:
     return done
 
 
+def passage_cut(base: RecallSettings, grid: Sequence[dict[str, Any]]) -> Cut | None:
+    """How the bench's store cuts long turns into passages: as configured, when
+    the configured settings or a grid point use passages (the store is built
+    once for every point, so their length cannot be a grid axis)."""
+    if {"passage_tokens", "passage_overlap"} & {k for point in grid for k in point}:
+        raise SystemExit("passage_tokens / passage_overlap cannot be grid axes"
+                         " (the store is cut once): set them in the config")
+    if base.passages or any(point.get("passages") for point in grid):
+        return Cut(base.passage_tokens, base.passage_overlap)
+    return None
+
+
 def run_conversation(conv: dict[str, Any], embedder: Embedder, workdir: Path,
                      subconscious: bool = False,
                      temporal: bool = True,
@@ -357,6 +370,7 @@ def run_conversation(conv: dict[str, Any], embedder: Embedder, workdir: Path,
                                                 "recall": {"temporal": temporal}})
     clock = ManualClock(0.0)
     memory = Memory(settings, clock=clock, embedder=embedder)
+    memory.indexer.cut = passage_cut(settings.recall, grid)
     t0 = time.perf_counter()
     job_items: dict[str, int] = {}
 

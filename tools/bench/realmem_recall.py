@@ -296,6 +296,8 @@ def run_person(path: Path, embedder: Embedder, workdir: Path, mode: str,
     history_turns = settings.runtime.history_turns
     clock = ManualClock(0.0)
     memory = Memory(settings, clock=clock, embedder=embedder)
+    from locomo_recall import passage_cut
+    memory.indexer.cut = passage_cut(settings.recall, grid)
     baselines = Baselines(memory, embedder)
     plain: dict[str, Callable[[str], list[int]]] = {
         "bm25": baselines.bm25, "dense": baselines.dense, "rrf": baselines.rrf}
@@ -396,11 +398,13 @@ def _locomo_values(by_cat: dict[Any, Any]) -> list[float]:
 
 
 def leave_one_out(grid: Sequence[dict[str, Any]], realmem: dict[str, list[ByCat]],
-                  locomo: dict[str, list[dict[Any, Any]]]) -> dict[str, Any]:
+                  locomo: dict[str, list[dict[Any, Any]]],
+                  weigh: str = "questions") -> dict[str, Any]:
     """Each unit (a person; a LoCoMo conversation) held out in turn: the grid
     point with the best mean objective over the other units' pooled questions
     (ties: the lower index) is scored on it. The held-out questions are pooled
-    per data set."""
+    per data set. ``weigh`` "datasets": the objective is the mean of each data
+    set's pooled mean (LoCoMo's 759 questions weigh as much as RealMem's 388)."""
     values: dict[str, list[list[float]]] = {
         **{u: [_realmem_values(p) for p in pts] for u, pts in realmem.items()},
         **{u: [_locomo_values(p) for p in pts] for u, pts in locomo.items()}}
@@ -411,6 +415,11 @@ def leave_one_out(grid: Sequence[dict[str, Any]], realmem: dict[str, list[ByCat]
         train = [u for u in values if u != out]
 
         def objective(g: int, units: Sequence[str] = train) -> float:
+            if weigh == "datasets":
+                means = [statistics.fmean(pool) for pool in (
+                    [v for u in units if u in part for v in values[u][g]]
+                    for part in (realmem, locomo)) if pool]
+                return statistics.fmean(means) if means else 0.0
             pool = [v for u in units for v in values[u][g]]
             return statistics.fmean(pool) if pool else 0.0
 
@@ -427,7 +436,9 @@ def leave_one_out(grid: Sequence[dict[str, Any]], realmem: dict[str, list[ByCat]
     out_report: dict[str, Any] = {
         "units": list(values),
         "objective": "per question: RealMem mean of sess_any@10 and sess_all@10,"
-                     " LoCoMo turn_any@10; pooled over the training units",
+                     " LoCoMo turn_any@10; pooled over the training units"
+                     + (", each data set's mean weighing the same" if weigh == "datasets"
+                        else ""),
         "grid": len(grid),
         "grid_axes": {name: sorted({p[name] for p in grid}) for name in grid[0]},
         "chosen": chosen,
@@ -523,6 +534,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="with --loo: JSON {RecallSettings field: [alternative values]}")
     parser.add_argument("--locomo", type=Path,
                         help="with --loo: LoCoMo dev JSON; its conversations join the folds")
+    parser.add_argument("--weigh", choices=("questions", "datasets"), default="questions",
+                        help="with --loo and --locomo: pool every question (LoCoMo's weigh"
+                             " 2:1), or weigh the two data sets' means the same")
     parser.add_argument("--dump", type=Path,
                         help="write every question's figures here (for --combine)")
     parser.add_argument("--combine", type=Path, nargs="+",
@@ -590,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
     report["query"] = args.query
     report["persons"] = per_person
     if grid:
-        report["loo"] = leave_one_out(grid, grid_by_person, locomo_grid)
+        report["loo"] = leave_one_out(grid, grid_by_person, locomo_grid, args.weigh)
     header = ["retriever", "sess_any@10", "sess_all@10", "n", "p50_ms", "cited"]
     print(" | ".join(header))
     for name in (*RETRIEVERS[1:], *([ALONE] if ALONE in report else []), RETRIEVERS[0]):
@@ -614,6 +628,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{point['sess_all@10']} cited {point['cited']}")
         for label in ("configured", "reverie"):
             row = loo[label]
+            if row is None or not row["n"]:  # no RealMem person in the run
+                continue
             print(" | ".join([f"reverie {'LOO' if label == 'reverie' else label}",
                               *(str(row[h]) for h in header[1:])]))
             for c in CATEGORIES:
