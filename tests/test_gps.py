@@ -149,7 +149,7 @@ class Gpsfake:
             env={**os.environ, "TMPDIR": str(self.workdir)})       # its control socket
         output.close()
         proc = self.proc
-        assert wait_for(lambda: proc.poll() is not None or bool(_listening(port)), 15), \
+        assert wait_for(lambda: proc.poll() is not None or bool(_listening(port)), 60), \
             "gpsd never listened"
         assert proc.poll() is None, f"gpsfake exited: {self.output()}"
         addresses = _listening(port)
@@ -209,16 +209,23 @@ class Seen:
 
 
 def read_until(reader: GpsReader, seen: Seen, done: Callable[[], bool],
-               timeout: float = 20.0) -> bool:
-    """Call ``reader.read()`` every 50 ms until ``done()``; False on timeout."""
-    def step() -> bool:
+               timeout: float = 60.0) -> bool:
+    """Call ``reader.read()`` every 50 ms until ``done()``; False on timeout (only a
+    broken run). A steady 50 ms, not ``wait_for``'s growing pause: each call
+    samples gpsd's current fix, and the replay moves on whether or not it is
+    asked, so a slower cadence would miss fixes the tests count."""
+    deadline = time.monotonic() + timeout
+    while True:
         record = reader.read()
         if record is not None:
             seen.records.append(record)
         if reader.connected:
             seen.reports.append((reader.last_mode, reader.last_time))
-        return done()
-    return wait_for(step, timeout)
+        if done():
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
 
 
 def _settings(port: int, **more: Any) -> GpsSettings:
@@ -498,7 +505,7 @@ def test_run_goes_on_after_emit_fails(scripted: Callable[[list[str]], ScriptedGp
     thread = threading.Thread(target=reader.run, args=(stop, emit))
     thread.start()
     try:
-        assert wait_for(lambda: len(got) >= 3, 10)
+        assert wait_for(lambda: len(got) >= 3, 60)
     finally:
         stop.set()
         thread.join(timeout=5)
