@@ -32,7 +32,12 @@ run: $(STAMP)
 # test_replica_runtime last. Fresh clone, quiet machine, 1,872 tests: two
 # processes in xdist's order 12.2 min; three in conftest's order 11.7 min,
 # the three ending within 8 s of each other (docs/benchmarks.md, "The suite").
+# The project's modules are compiled first: with PYTHONDONTWRITEBYTECODE set (as
+# on the CI machine) every process of the run (the test processes, each
+# `reverie` command, each actor's worker) would otherwise compile them from
+# source again (about 0.1 s of CPU a `reverie` command).
 test: $(STAMP) sysdeps
+	$(BIN)/python -m compileall -q runtime actors device tools tests > /dev/null
 	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=15
 	$(MAKE) lint
 
