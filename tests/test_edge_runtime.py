@@ -138,11 +138,11 @@ def test_the_gps_reader_stores_fixes_and_publishes_them(
     proc = start_runtime(env, "--address", ray_instance, cwd=ROOT)
     try:
         # the drive replays once, after the runtime is up (the reader retries until
-        # then), slowly: 1.5 s an epoch, so that the runtime's reader, polling every
+        # then), slowly: 0.9 s an epoch, so that the runtime's reader, polling every
         # 0.2 s from an actor that a busy machine may starve for a second, sees
         # most of its 15 fixes (at gpsfake's 0.3 s it once saw fewer than 3 beside
         # a CPU hog, and the replay was over)
-        fake.start(DATA / "drive.nmea", port, cycle_s=0.5)
+        fake.start(DATA / "drive.nmea", port, cycle_s=0.3)
         assert wait_for(lambda: status(env)["location"]["fixes"] >= 3, 60), \
             status(env)
         assert status(env)["actors"]["edge"] == "ok"
