@@ -37,16 +37,13 @@ from pathlib import Path
 from typing import Any
 
 import _common as c
-import numpy as np
-from replication import BUILD_TX, dir_bytes, sync_replica
+from replication import dir_bytes, fill, sync_replica
 
 from actors import job_snapshot
-from actors.common import load_profiles, open_store
+from actors.common import open_store
 from actors.messages import Ack, JobStateRow, JobStateRows, SaveJobState
 from device.replicator import Replicator
 from runtime.config import Settings
-from runtime.llm.embedder import MINILM_DIM, MINILM_NAME
-from runtime.memories.transcript import TranscriptService
 from runtime.store.job_state import set_state
 from runtime.time.clock import SystemClock
 
@@ -75,20 +72,7 @@ def build(settings: Settings, n: int, vectors: bool, seed: int) -> dict[str, Any
     t = time.perf_counter()
     store = open_store(settings)
     try:
-        service = TranscriptService(store, load_profiles(settings))
-        rng = np.random.default_rng(seed)
-        gen = c.household_turns(n, seed=seed, start=time.time() - 365 * 86400)
-        done = 0
-        while done < n:
-            chunk = [next(gen) for _ in range(min(BUILD_TX, n - done))]
-            with store.write_transaction():
-                ids = [service.append(turn) for turn in chunk]
-                if vectors:
-                    vecs = rng.standard_normal((len(ids), MINILM_DIM), dtype=np.float32)
-                    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-                    for turn_id, vec in zip(ids, vecs):
-                        store.put_vector("turn", turn_id, MINILM_NAME, vec.tobytes())
-            done += len(chunk)
+        fill(store, settings, n, vectors, seed)
         set_state(store, "facts", "turns", {"after": n, "done": n})
     finally:
         store.close()

@@ -113,6 +113,7 @@ from device.replicator import (
 from runtime.config import ReplicaSettings, Settings
 from runtime.llm.embedder import MINILM_DIM, MINILM_NAME
 from runtime.memories.transcript import TranscriptService, TurnIn
+from runtime.store.database import Store
 
 WARMUP = 16
 POLL_S = 0.05            # replica directory listing interval
@@ -605,6 +606,25 @@ def replication_lag(work: Path, turns: list[TurnIn], rate: float, duration: floa
 # -- 3. restore ------------------------------------------------------------------
 
 
+def fill(store: Store, settings: Settings, n: int, vectors: bool, seed: int) -> None:
+    """``n`` household turns appended to ``store`` through the transcript service,
+    ``BUILD_TX`` a transaction, each with a random unit vector when ``vectors``."""
+    service = TranscriptService(store, load_profiles(settings))
+    rng = np.random.default_rng(seed)
+    gen = c.household_turns(n, seed=seed, start=time.time() - 365 * 86400)
+    done = 0
+    while done < n:
+        chunk = [next(gen) for _ in range(min(BUILD_TX, n - done))]
+        with store.write_transaction():
+            ids = [service.append(turn) for turn in chunk]
+            if vectors:
+                vecs = rng.standard_normal((len(ids), MINILM_DIM), dtype=np.float32)
+                vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+                for turn_id, vec in zip(ids, vecs):
+                    store.put_vector("turn", turn_id, MINILM_NAME, vec.tobytes())
+        done += len(chunk)
+
+
 def restore_time(work: Path, n: int, vectors: bool, seed: int) -> dict[str, Any]:
     name = "restore"
     settings = settings_for(work, name, True)
@@ -613,20 +633,7 @@ def restore_time(work: Path, n: int, vectors: bool, seed: int) -> dict[str, Any]
     t = time.perf_counter()
     store = open_store(settings)
     try:
-        service = TranscriptService(store, load_profiles(settings))
-        rng = np.random.default_rng(seed)
-        gen = c.household_turns(n, seed=seed, start=time.time() - 365 * 86400)
-        done = 0
-        while done < n:
-            chunk = [next(gen) for _ in range(min(BUILD_TX, n - done))]
-            with store.write_transaction():
-                ids = [service.append(turn) for turn in chunk]
-                if vectors:
-                    vecs = rng.standard_normal((len(ids), MINILM_DIM), dtype=np.float32)
-                    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-                    for turn_id, vec in zip(ids, vecs):
-                        store.put_vector("turn", turn_id, MINILM_NAME, vec.tobytes())
-            done += len(chunk)
+        fill(store, settings, n, vectors, seed)
         counts = store.counts()
         newest = store.row("SELECT * FROM transcript ORDER BY id DESC LIMIT 1")
     finally:
