@@ -86,7 +86,7 @@ Ref = Annotated[str, Field(pattern=REF_PATTERN, max_length=40)]
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     v: Literal[1] = 1
 
