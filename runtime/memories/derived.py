@@ -13,8 +13,9 @@ memory's lines; the next synthesis run writes the rest from what remains.
 
 The reflection (:mod:`runtime.mind.dmn`) quotes the episodes and facts its
 findings rest on, word for word, in facts that recall returns and in an
-episode that tells them. Those are forgotten with their source too, and what
-cites them in turn.
+episode that tells them (its ``provenance`` names the findings). Those are
+forgotten with their source too, and what cites them in turn: the episode
+telling a finding goes with the finding, even one forgotten by hand.
 
 A turn is quoted too (issue 24): an episode's gist copies its words (the
 offline gist word for word, a model's in its own words), a fact extracted from
@@ -22,16 +23,20 @@ it says what it said, and a daily digest written by a language model was given
 the day's user lines. What cannot be told apart from the turn's words is
 forgotten whole, never rewritten: forgetting a turn forgets the episodes citing
 it (the leaf and the roll-ups above it: they cite their children's turns), the
-facts whose provenance names it, and the digests a language model wrote for a
-period holding it; and then, each in turn, what was written from those.
+facts whose provenance names it, and the digests a language model wrote from
+its line (they cite it, ``turn:N``) or for a period holding it; and then, each
+in turn, what was written from those (a model's weekly given a daily note that
+went cites it, ``digest:N``).
 
 Two kinds of row keep other text beside a memory's and are rewritten instead,
 the row kept: a turn's stored tool results (the pull-mode ``recall`` tool's
 answer is one ``- [ref] text`` line per memory: the lines of a forgotten ref
 go) and the compaction summaries (:mod:`runtime.mind.distil` joins the last
-gists of a channel with " … ": the gists quoting a forgotten episode or turn
-go, the header and the watermark stay). The write-log entries of a rewritten
-row are scrubbed like a forgotten row's (:meth:`Store.forget_history`).
+gists of a channel with " … " and cites their episodes in ``refs``, in order:
+the gist of a forgotten episode goes by its place, and so do gists quoting a
+forgotten text, as in the rows written before ``refs`` was kept; the header and
+the watermark stay). The write-log entries of a rewritten row are scrubbed
+like a forgotten row's (:meth:`Store.forget_history`).
 
 :func:`forget_citing` is called by the services that forget facts
 (:class:`runtime.memories.facts.GraphService`), episodes
@@ -121,7 +126,10 @@ def forget_citing(store: Store, ref: str, writer: str, text: str = "") -> int:
     write-log content; ``text`` is what it said (a gist, a turn's content, a
     fact's value). Return how many rows went or were rewritten.
 
-    - The portrait versions and digests citing it. When the latest portrait
+    - The portrait versions and digests citing it (a digest that goes is
+      followed: a model's weekly given it as colour cites it), and the
+      episodes whose provenance names it (the reflection's, telling a
+      finding). When the latest portrait
       version goes, a new one takes its place with its other lines: the prompt
       shows what it showed a moment before (the read-time filter had already
       dropped the forgotten memory's lines), not nothing until the next
@@ -132,7 +140,7 @@ def forget_citing(store: Store, ref: str, writer: str, text: str = "") -> int:
     - For a turn: the episodes citing it, the facts whose provenance names it,
       and the digests a language model wrote for a period holding it.
     - Rewritten, not forgotten: the lines naming it in stored tool results, and
-      the gists quoting its text in compaction summaries.
+      in compaction summaries the gist citing it and the gists quoting its text.
 
     What goes is followed in turn: a digest citing a ``dmn`` episode goes too."""
     forgotten = 0
