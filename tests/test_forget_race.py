@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -28,10 +29,10 @@ from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
 from runtime.mind import distil, dmn, extract
 from runtime.mind.contract import JobContext
-from runtime.mind.digest_job import digest_step
+from runtime.mind.digest_job import digest_step, span_of
 from runtime.mind.synthesis import synthesise
 from runtime.store.job_state import get_state
-from runtime.time.clock import DAY, ManualClock
+from runtime.time.clock import DAY, ManualClock, household_zone
 
 SECRET = "Caroline is seeing a divorce lawyer"  # what the forgotten turn said
 
@@ -307,3 +308,28 @@ def test_a_compaction_summary_quoting_an_episode_forgotten_meanwhile_is_written_
     assert nowhere(memory, SECRET)
     assert "lawyer" not in json.dumps(memory.store.rows(
         "SELECT before, after FROM write_log WHERE table_name = 'compactions'"))
+
+
+def test_a_model_weekly_given_a_daily_note_forgotten_meanwhile_is_refused(
+        memory: Memory, clock: ManualClock, fake_openai: FakeOpenAI) -> None:
+    """A week's model is given its daily notes as colour and cites them
+    (``digest:N``): the turn a daily was made from forgotten before the weekly
+    is written takes the daily, and the weekly is refused."""
+    gone = a_turn(memory)
+    zone = household_zone(memory.settings.household.timezone)
+    day = span_of("day", datetime.fromtimestamp(clock.now(), zone).date(), zone)
+    [daily] = memory.write_digests(DigestBatch(digests=[DigestIn(
+        period="day", key=day.key, starts_at=day.starts_at, ends_at=day.ends_at,
+        text=f"Caroline said: {SECRET}.", refs=[f"turn:{gone}"], how="llm")]))
+    clock.advance(9 * DAY)  # its week has ended and settled
+    fake_openai.replies = [json.dumps({"summary": f"A hard week: {SECRET}."})] * 4
+    ctx = JobContext(store=memory.store, llm=make_llm(LLMSettings(providers=[ProviderSettings(
+        name="local", base_url=fake_openai.base_url, model="tiny", timeout_s=5)])),
+        writer=ForgetFirst(memory, "write_digests", f"turn:{gone}"), clock=memory.clock,
+        settings=memory.settings)
+    result = digest_step(ctx)
+    assert any(SECRET in r.body["messages"][1]["content"] for r in fake_openai.requests)
+    assert result.items == 0
+    assert memory.store.row("SELECT id FROM digests WHERE id = ?", (daily,)) is None
+    assert memory.store.scalar("SELECT count(*) FROM digests") == 0  # no weekly either
+    assert nowhere(memory, SECRET)
