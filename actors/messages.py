@@ -595,6 +595,9 @@ class Compact(Message):
     summary: str = Field(min_length=1, max_length=MAX_TURN_CHARS)
     watermark: int = Field(ge=0)
     writer: str = Field(default="transcript", min_length=1, max_length=80)
+    # the episode each gist of the summary was copied from, in order (runtime.memories.derived)
+    refs: list[Annotated[str, Field(pattern=r"^episode:[1-9][0-9]{0,17}$")]] = Field(
+        default_factory=list, max_length=100)
 
 
 class Compacted(Message):

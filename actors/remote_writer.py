@@ -60,9 +60,11 @@ class RemoteWriter:
         return written.fact_id, Resolution(written.action, written.existing_id,
                                            written.claim_id)
 
-    def compact(self, channel: str, summary: str, watermark: int, writer: str) -> int:
+    def compact(self, channel: str, summary: str, watermark: int, writer: str,
+                refs: Sequence[str] = ()) -> int:
         return self.transcript.compact(Compact(channel=channel, summary=summary,
-                                               watermark=watermark, writer=writer)).compaction_id
+                                               watermark=watermark, writer=writer,
+                                               refs=list(refs))).compaction_id
 
     def change(self, ref: Ref, action: Action, writer: str) -> None:
         msg = ChangeMemory(ref=str(ref), change=action, writer=writer)

@@ -109,11 +109,12 @@ class TranscriptActor:
 
     def compact(self, msg: Compact) -> Compacted:
         """Record a continuity summary of a channel up to a watermark (written by
-        the consolidation job); a watermark behind the current one is refused."""
+        the consolidation job); a watermark behind the current one is refused, and
+        so is one whose refs name an episode forgotten meanwhile (CitesForgotten)."""
         msg = accept(Compact, msg)
         try:
             compaction_id = self.transcript.compact(msg.channel, msg.summary, msg.watermark,
-                                                    msg.writer)
+                                                    msg.writer, msg.refs)
         except ValueError as exc:
             raise bad_request(exc) from None
         return Compacted(compaction_id=compaction_id)

@@ -210,8 +210,8 @@ class Memory:
         return find_matching(self.store, text, limit)
 
     def compact(self, channel: str, summary: str, watermark: int,
-                writer: str = "transcript") -> int:
-        return self.transcript.compact(channel, summary, watermark, writer)
+                writer: str = "transcript", refs: Sequence[str] = ()) -> int:
+        return self.transcript.compact(channel, summary, watermark, writer, refs)
 
     # -- reads ------------------------------------------------------------
 

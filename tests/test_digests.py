@@ -178,7 +178,10 @@ def test_with_a_model_the_digest_is_its_answer_and_cites_its_evidence(
     digest_step(ctx(mem, llm_for(fake_openai)))
     text, refs, how = digests(mem, "week")["2026-W23"]
     assert how == "llm" and text.startswith("A summary number")
-    assert refs == [f"episode:{ids[d]}" for d in (1, 2, 4)]
+    # its episodes, then its colour, the daily notes it was given (issue 24)
+    days = {d.key: d.id for d in DigestService(mem.store).listed("day")}
+    assert refs == [*(f"episode:{ids[d]}" for d in (1, 2, 4)),
+                    *(f"digest:{days[f'2026-06-0{d}']}" for d in (1, 2, 4))]
     asked = [r.body["messages"][1]["content"] for r in fake_openai.requests]
     week = next(a for a in asked if "NOTES" in a and "2026-06-01:" in a)
     assert f"[episode:{ids[1]}]" in week, "the week's episodes lead"
@@ -395,6 +398,7 @@ def test_the_job_writes_through_the_graph_actor_and_turns_see_the_trajectory(
 
     with open_read_only(runtime) as store:
         month = DigestService(store).listed("month")
-        assert month and month[0].refs == (f"episode:{written.episode_id}",)
+        [week] = DigestService(store).listed("week")  # its colour: cited (issue 24)
+        assert month and month[0].refs == (f"episode:{written.episode_id}", f"digest:{week.id}")
         assert store.scalar("SELECT writer FROM write_log WHERE table_name = 'digests'"
                             " AND row_id = ?", (month[0].id,)) == "synthesis"

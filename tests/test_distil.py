@@ -4,7 +4,7 @@ the real offline provider, and a real local HTTP fake for the language model."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,8 +213,9 @@ class CrashingWriter:
             raise Crash("killed mid-run")
         return episode_id
 
-    def compact(self, channel: str, summary: str, watermark: int, writer: str) -> int:
-        return self.memory.compact(channel, summary, watermark, writer)
+    def compact(self, channel: str, summary: str, watermark: int, writer: str,
+                refs: Sequence[str] = ()) -> int:
+        return self.memory.compact(channel, summary, watermark, writer, refs)
 
     def add_fact(self, fact: Any, writer: str) -> Any:
         return self.memory.add_fact(fact, writer)

@@ -7,6 +7,7 @@ for a forget, that the words are gone from every place the store kept them
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,12 +29,15 @@ from actors.messages import (
     AddEpisode,
     AddFact,
     ChangeMemory,
+    Compact,
     FindMemories,
     Recall,
     UserTurn,
+    WriteDigests,
 )
 from runtime.config import CONFIG_DIR, Settings, load_settings
 from runtime.memories.cited import StaleCitation
+from runtime.memories.digests import DigestBatch, DigestIn
 from runtime.memories.episodes import EpisodeIn
 from runtime.memories.facts import FactIn
 from runtime.store.database import Store
@@ -236,5 +240,25 @@ def test_the_owners_refuse_a_write_citing_a_turn_forgotten_since_the_read(
     with pytest.raises(CitesForgotten, match=f"fact refused: it cites {turn}"):
         graph.add(AddFact(fact=FactIn(kind="user_specific", subject="user", key="pin-hint",
                                       value=f"PIN hint {word}", provenance=[turn])))
+    # the rows that name what they quote (issue 24): the reflection's episode its
+    # findings, a compaction summary its gists' episodes, a model's digest its turns
+    finding = graph.add(AddFact(fact=FactIn(kind="user_specific", subject="user",
+                                            key="pin-note", value="a note"))).fact_id
+    change(f"fact:{finding}", "delete")
+    with pytest.raises(CitesForgotten, match=f"episode refused: it cites fact:{finding}"):
+        episodes.add(AddEpisode(episode=EpisodeIn(
+            channel="dmn", source="dmn", gist=f"Reverie reflected: {word}.",
+            provenance=[f"fact:{finding}"])))
+    told = episodes.add(AddEpisode(episode=EpisodeIn(
+        channel="chat", source="user", gist=f"Told about the hint {word}."))).episode_id
+    change(f"episode:{told}", "delete")
+    with pytest.raises(CitesForgotten, match=f"compaction refused: it cites episode:{told}"):
+        transcript.compact(Compact(channel="chat", summary=f"Conversation on chat: {word}.",
+                                   watermark=turn_id, refs=[f"episode:{told}"]))
+    now = time.time()
+    with pytest.raises(CitesForgotten, match=f"digest refused: it cites {turn}"):
+        graph.write_digests(WriteDigests(batch=DigestBatch(digests=[DigestIn(
+            period="day", key="2020-01-07", starts_at=now - 86400, ends_at=now,
+            text=f"The hint is {word}.", refs=[turn], how="llm")])))
     left = traces(runtime, word)
     assert left == dict.fromkeys(left, 0)

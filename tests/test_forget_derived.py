@@ -11,15 +11,16 @@ from __future__ import annotations
 import json
 
 from runtime.memories import derived
-from runtime.memories.digests import DigestBatch, DigestIn
+from runtime.memories.digests import DigestBatch, DigestIn, shown
 from runtime.memories.episodes import EpisodeIn
 from runtime.memories.facts import FactIn
 from runtime.memories.portrait import PortraitIn, PortraitLine
 from runtime.memories.refs import Ref
 from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
-from runtime.mind import dmn
+from runtime.mind import distil, dmn
 from runtime.store.job_state import get_state, set_state
+from runtime.time.clock import ManualClock
 
 SECRET = "Caroline is seeing a divorce lawyer"  # the forgotten content, searched for
 
@@ -301,3 +302,79 @@ def test_find_matching_searches_tool_calls(memory: Memory) -> None:
     assert found[1].text == f"tool read_notes: Friday: {SECRET} at ten"
     assert memory.find_matching("Friday ten")[0].ref == Ref("turn", told)
     assert memory.find_matching("Friday eleven") == []
+
+
+# -- what the reflection's episode, a model's digest and a compaction were made from ----
+
+
+def test_forgetting_a_finding_forgets_the_episode_telling_it(memory: Memory) -> None:
+    """The reflection's episode names the findings it tells (its provenance):
+    forgetting one of them, by hand, forgets the episode, whole."""
+    said = a_turn(memory, f"I am so scared: {SECRET}.")
+    now = memory.store.clock.now()
+    memory.add_episode(EpisodeIn(channel="voice", source="user", salience=8, emotion="fear",
+                                 gist=f"Caroline: I am so scared: {SECRET}.", cites=[said],
+                                 started_at=now, ended_at=now))
+    dmn.reflect(memory.job_context())
+    [finding] = memory.store.rows("SELECT id FROM facts WHERE source = 'dmn'")
+    [told] = memory.store.rows("SELECT id, gist FROM episodes WHERE source = 'dmn'")
+    assert SECRET in told["gist"]
+
+    memory.change(Ref("fact", finding["id"]), "delete")
+
+    assert memory.store.scalar("SELECT count(*) FROM episodes WHERE source = 'dmn'") == 0
+    assert not [t for (t,) in memory.store.conn.execute(
+        "SELECT before || after FROM write_log WHERE table_name = 'episodes' AND row_id = ?",
+        (told["id"],)) if t and SECRET in t]
+
+
+def test_forgetting_an_episode_forgets_the_model_digests_given_a_digest_citing_it(
+        memory: Memory) -> None:
+    """A model's weekly cites the daily notes it was given (``digest:N``): when a
+    daily goes with its episode, the weekly that may quote it goes too."""
+    private = an_episode(memory, SECRET)
+    garden = an_episode(memory, "Caroline planted tomatoes")
+    daily = digest(memory, "day", "2026-06-01", f"{SECRET}.", [f"episode:{private}"])
+    weekly = digest(memory, "week", "2026-W23", f"A week of worry: {SECRET}.",
+                    [f"episode:{garden}", f"digest:{daily}"])
+    monthly = digest(memory, "month", "2026-06", "June: tomatoes.", [f"episode:{garden}"])
+
+    memory.change(Ref("episode", private), "delete")
+
+    assert {daily, weekly}.isdisjoint(ids(memory, "digests"))
+    assert ids(memory, "digests") == [monthly]
+    assert everywhere(memory, SECRET) == []
+
+
+def test_a_digest_given_a_turn_now_disabled_is_not_shown(memory: Memory) -> None:
+    turn = a_turn(memory, "Caroline booked the vet for the cat.")
+    day = digest(memory, "day", "2026-06-01", "The vet is booked.", [f"turn:{turn}"])
+    assert [d.id for d in shown(memory.store, memory.digests.listed())] == [day]
+    memory.change(Ref("turn", turn), "disable")
+    assert shown(memory.store, memory.digests.listed()) == []
+
+
+def test_forgetting_an_episode_takes_its_gist_out_of_a_summary_by_its_ref(
+        memory: Memory, clock: ManualClock) -> None:
+    """Consolidate's summary cites the episode of each gist: the gist goes with
+    its episode even when its text no longer matches the episode's (the user
+    corrected the gist since)."""
+    a_turn(memory, "We booked the dentist for Friday at nine.")
+    clock.advance(3600)
+    a_turn(memory, f"{SECRET}, she told me this morning.")
+    clock.advance(3600)
+    distil.distil(memory.job_context())
+    [summary] = memory.store.rows("SELECT id, summary FROM compactions")
+    assert SECRET in summary["summary"]
+    [private] = [r["id"] for r in memory.store.rows("SELECT id, gist FROM episodes")
+                 if SECRET in r["gist"]]
+    memory.episodes.edit(private, "Caroline talked about a personal matter.")
+
+    memory.change(Ref("episode", private), "delete")
+
+    [row] = memory.store.rows("SELECT id, summary FROM compactions")
+    assert "dentist" in row["summary"] and SECRET not in row["summary"]
+    assert SECRET not in log_text(memory, "compactions")
+    [kept] = [r["id"] for r in memory.store.rows("SELECT id FROM episodes")]
+    assert json.loads(memory.store.scalar("SELECT refs FROM compactions")) == [
+        f"episode:{kept}"]

@@ -5,7 +5,9 @@ A secret word is planted in every kind of memory and of row written from
 memory, through the real paths: a conversation imported with ``reverie
 import``, then the real jobs (consolidate: a leaf episode with an extractive
 gist and a compaction summary; facts; synthesis: a portrait and digests; dmn: a
-reflection finding and the episode telling it), a user-managed fact, the
+reflection finding and the episode telling it, which names it), a language
+model's daily note citing the turn whose line it was given (written through
+the Graph actor: the runtime has no model), a user-managed fact, the
 recall tool's answer (``- [ref] text`` lines, runtime.recall.pull) stored in
 another turn's tool call, and a client tool's result as the voice layer keeps
 it. Then it is forgotten through the command line, and every table the
@@ -30,8 +32,9 @@ from pathlib import Path
 import apsw
 import pytest
 
-from actors.handles import RecallClient, TranscriptClient
-from actors.messages import AppendTurns, Recall
+from actors.handles import GraphClient, RecallClient, TranscriptClient
+from actors.messages import AppendTurns, Recall, WriteDigests
+from runtime.memories.digests import DigestBatch, DigestIn
 from runtime.memories.transcript import ToolCallIn, TurnIn
 from runtime.recall.pull import tool_result
 from tests.reverie_process import reverie, runtime_env, start_runtime
@@ -156,6 +159,7 @@ class Planted:
     recalled: int    # an assistant turn whose recall tool call answered with it
     told: int        # an assistant turn whose client tool result says it
     harmless: str    # a line of the recall tool's answer that is about something else
+    by_model: int    # a language model's daily note given that turn's line (it cites it)
 
 
 @pytest.fixture(scope="module")
@@ -189,8 +193,16 @@ def planted(running: Running, tmp_path_factory: pytest.TempPathFactory) -> Plant
                     [ToolCallIn(name="read_notes", arguments={"week": "this"},
                                 result=f"Friday: call the clinic about {SECRET}.")]])).ids
     transcript.flush()
+    # a language model's daily note, as the digest step writes one (runtime.mind.digest_job):
+    # it was given the turn's line, and cites it; its day is one the runtime has no note of
+    # (the jobs above run offline), so only that citation ties it to the turn
+    [by_model] = GraphClient(NS).write_digests(WriteDigests(batch=DigestBatch(digests=[
+        DigestIn(period="day", key="2020-01-06", starts_at=1578268800.0, ends_at=1578355200.0,
+                 text=f"Ana worried about her sister {SECRET}.", refs=[f"turn:{said}"],
+                 how="llm")]))).digest_ids
     RecallClient(NS).sync()
-    return Planted(said=int(str(said)), recalled=ids[0], told=ids[1], harmless=harmless)
+    return Planted(said=int(str(said)), recalled=ids[0], told=ids[1], harmless=harmless,
+                   by_model=by_model)
 
 
 def test_the_secret_is_planted_in_every_kind_of_row(running: Running, planted: Planted) -> None:
@@ -205,6 +217,13 @@ def test_the_secret_is_planted_in_every_kind_of_row(running: Running, planted: P
     told = rows(running, "SELECT count(*) FROM episodes WHERE source = 'dmn'"
                 " AND gist LIKE ?", (f"%{SECRET}%",))
     assert reflection[0][0] and told[0][0]
+    # the rows that quote what they were made from say what it was (issue 24)
+    assert rows(running, "SELECT count(*) FROM episodes WHERE source = 'dmn'"
+                " AND provenance LIKE '%fact:%'")[0][0]
+    assert rows(running, "SELECT count(*) FROM compactions WHERE summary LIKE ?"
+                " AND refs LIKE '%episode:%'", (f"%{SECRET}%",))[0][0]
+    assert rows(running, "SELECT how FROM digests WHERE id = ?", (planted.by_model,)) == [
+        ("llm",)]
 
 
 def test_forgetting_a_turn_forgets_what_quotes_it(running: Running, planted: Planted) -> None:
@@ -226,6 +245,7 @@ def test_forgetting_a_turn_forgets_what_quotes_it(running: Running, planted: Pla
     for episode in episodes:
         assert not rows(running, "SELECT 1 FROM episodes WHERE id = ?", (episode,))
     assert rows(running, "SELECT id, watermark FROM compactions ORDER BY id") == compactions
+    assert not rows(running, "SELECT 1 FROM digests WHERE id = ?", (planted.by_model,))
     assert not rows(running, "SELECT 1 FROM facts WHERE source = 'dmn' AND value LIKE ?",
                     (f"%{SECRET}%",))
     [(result,)] = rows(running, "SELECT result FROM tool_calls WHERE transcript_id = ?",

@@ -11,10 +11,14 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 import pytest
+from fake_openai import FakeOpenAI, fake_openai_fixture  # noqa: F401
 
+from runtime.config import LLMSettings, ProviderSettings
+from runtime.llm.providers import make_llm
 from runtime.memories.cited import StaleCitation, stale
 from runtime.memories.digests import DigestBatch, DigestIn
 from runtime.memories.episodes import EpisodeIn
@@ -23,9 +27,12 @@ from runtime.memories.portrait import PortraitIn, PortraitLine
 from runtime.memories.refs import Ref
 from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
-from runtime.mind import distil, extract
+from runtime.mind import distil, dmn, extract
+from runtime.mind.contract import JobContext
+from runtime.mind.digest_job import digest_step, span_of
 from runtime.mind.synthesis import synthesise
-from runtime.time.clock import ManualClock
+from runtime.store.job_state import get_state
+from runtime.time.clock import DAY, ManualClock, household_zone
 
 SECRET = "Caroline is seeing a divorce lawyer"  # what the forgotten turn said
 
@@ -168,19 +175,21 @@ def test_forgetting_keeps_the_portrait_lines_that_cite_what_is_left(memory: Memo
 
 class ForgetFirst:
     """A job's writer that, before its first write of ``method``, lets the user
-    forget ``ref``: the forget lands between the job's read and its write."""
+    forget ``ref`` (or the ref it names then): the forget lands between the job's
+    read and its write."""
 
-    def __init__(self, memory: Memory, method: str, ref: str) -> None:
+    def __init__(self, memory: Memory, method: str, ref: str | Callable[[], str]) -> None:
         self.memory, self.method, self.ref = memory, method, ref
+        self.done = False
 
     def __getattr__(self, name: str) -> Any:
         target = getattr(self.memory, name)
-        if name != self.method or self.ref == "":
+        if name != self.method or self.done:
             return target
 
         def first(*args: Any, **kwargs: Any) -> Any:
-            ref, self.ref = self.ref, ""
-            forget(self.memory, ref)
+            self.done = True
+            forget(self.memory, self.ref() if callable(self.ref) else self.ref)
             return target(*args, **kwargs)
         return first
 
@@ -229,4 +238,98 @@ def test_the_synthesis_job_skips_a_portrait_citing_a_fact_forgotten_meanwhile(
     assert "lawyer" not in caplog.text
     again = synthesise(memory.job_context())  # the next run makes it from what is left
     assert again.items == 1
+    assert nowhere(memory, SECRET)
+
+
+# -- the rows that quoted what they were given without citing it (issue 24) ---------
+
+
+def test_a_model_digest_of_a_day_whose_uncited_turn_was_forgotten_meanwhile_is_refused(
+        memory: Memory, clock: ManualClock, fake_openai: FakeOpenAI,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The model is given the day's user lines, of turns no episode cites yet;
+    the digest cites those turns, so one forgotten before the write refuses it."""
+    gone = a_turn(memory)
+    clock.advance(4 * DAY)  # the day has ended and settled, with no episode
+    fake_openai.replies = [json.dumps({"summary": f"Caroline said: {SECRET}."})] * 4
+    ctx = JobContext(store=memory.store, llm=make_llm(LLMSettings(providers=[ProviderSettings(
+        name="local", base_url=fake_openai.base_url, model="tiny", timeout_s=5)])),
+        writer=ForgetFirst(memory, "write_digests", f"turn:{gone}"), clock=memory.clock,
+        settings=memory.settings)
+    with caplog.at_level(logging.INFO):
+        result = digest_step(ctx)  # not a failed run
+    assert any(SECRET in r.body["messages"][1]["content"] for r in fake_openai.requests)
+    assert result.items == 0
+    assert memory.store.scalar("SELECT count(*) FROM digests") == 0
+    assert nowhere(memory, SECRET)
+    assert "lawyer" not in caplog.text
+
+
+def test_the_reflection_tells_no_finding_forgotten_during_its_run(
+        memory: Memory, clock: ManualClock) -> None:
+    """The reflection writes its findings, then tells them in an episode naming
+    them (its provenance): one forgotten in between (here by forgetting the turn
+    it rests on) is not told."""
+    said = a_turn(memory, f"I am so scared: {SECRET}.")
+    now = clock.now()
+    memory.add_episode(EpisodeIn(channel="voice", source="user", salience=8, emotion="fear",
+                                 gist=f"Caroline: I am so scared: {SECRET}.", cites=[said],
+                                 started_at=now, ended_at=now))
+    clock.advance(3600)
+    ctx = memory.job_context()
+    ctx.writer = ForgetFirst(memory, "add_episode", f"turn:{said}")
+    result = dmn.reflect(ctx)  # not a failed run
+    assert result.items == 1  # the finding was written (and then forgotten), nothing told
+    assert memory.store.scalar("SELECT count(*) FROM episodes WHERE source = 'dmn'") == 0
+    assert get_state(memory.store, dmn.JOB, "unsummarised") == []
+    assert nowhere(memory, SECRET)
+
+
+def test_a_compaction_summary_quoting_an_episode_forgotten_meanwhile_is_written_without_it(
+        memory: Memory, clock: ManualClock) -> None:
+    """Consolidate's summary copies the gists it wrote in the pass and cites
+    their episodes: a turn forgotten before the summary is written (its episode
+    goes with it) has the summary refused, and written again without that gist;
+    the watermark moves all the same."""
+    kept = a_turn(memory, "We booked the dentist for Friday at nine.")
+    clock.advance(3600)  # two windows: one episode each
+    gone = a_turn(memory)
+    clock.advance(3600)
+    ctx = memory.job_context()
+    ctx.writer = ForgetFirst(memory, "compact", f"turn:{gone}")
+    distil.distil(ctx)
+    [row] = memory.store.rows("SELECT id, summary, watermark FROM compactions")
+    assert row["watermark"] == gone
+    assert "dentist" in row["summary"] and SECRET not in row["summary"]
+    [episode] = memory.store.rows("SELECT id FROM episodes")
+    assert memory.episodes.citations(episode["id"]) == [kept]
+    assert json.loads(memory.store.scalar("SELECT refs FROM compactions WHERE id = ?", (
+        row["id"],))) == [f"episode:{episode['id']}"]
+    assert nowhere(memory, SECRET)
+    assert "lawyer" not in json.dumps(memory.store.rows(
+        "SELECT before, after FROM write_log WHERE table_name = 'compactions'"))
+
+
+def test_a_model_weekly_given_a_daily_note_forgotten_meanwhile_is_refused(
+        memory: Memory, clock: ManualClock, fake_openai: FakeOpenAI) -> None:
+    """A week's model is given its daily notes as colour and cites them
+    (``digest:N``): the turn a daily was made from forgotten before the weekly
+    is written takes the daily, and the weekly is refused."""
+    gone = a_turn(memory)
+    zone = household_zone(memory.settings.household.timezone)
+    day = span_of("day", datetime.fromtimestamp(clock.now(), zone).date(), zone)
+    [daily] = memory.write_digests(DigestBatch(digests=[DigestIn(
+        period="day", key=day.key, starts_at=day.starts_at, ends_at=day.ends_at,
+        text=f"Caroline said: {SECRET}.", refs=[f"turn:{gone}"], how="llm")]))
+    clock.advance(9 * DAY)  # its week has ended and settled
+    fake_openai.replies = [json.dumps({"summary": f"A hard week: {SECRET}."})] * 4
+    ctx = JobContext(store=memory.store, llm=make_llm(LLMSettings(providers=[ProviderSettings(
+        name="local", base_url=fake_openai.base_url, model="tiny", timeout_s=5)])),
+        writer=ForgetFirst(memory, "write_digests", f"turn:{gone}"), clock=memory.clock,
+        settings=memory.settings)
+    result = digest_step(ctx)
+    assert any(SECRET in r.body["messages"][1]["content"] for r in fake_openai.requests)
+    assert result.items == 0
+    assert memory.store.row("SELECT id FROM digests WHERE id = ?", (daily,)) is None
+    assert memory.store.scalar("SELECT count(*) FROM digests") == 0  # no weekly either
     assert nowhere(memory, SECRET)

@@ -13,13 +13,19 @@ which commits either before, and the write is refused, or after, and its
 cascade takes the new row):
 
 - an episode (:class:`runtime.memories.episodes.EpisodeService`): its cited
-  turns (``cites``) and the episodes it rolls up (``children``);
+  turns (``cites``), the episodes it rolls up (``children``) and the other
+  memories it was made from (``provenance``: the reflection's episode names the
+  findings it tells);
 - a fact (:class:`runtime.memories.facts.GraphService`): the ``turn:N``,
   ``episode:N`` and ``fact:N`` of its provenance (other entries, ``rule:...``,
   ``geo:place:N``, a feed, name no memory and are not checked);
 - a portrait version (:class:`runtime.memories.portrait.PortraitService`): the
   refs of every line;
-- a digest (:class:`runtime.memories.digests.DigestService`): its episodes.
+- a digest (:class:`runtime.memories.digests.DigestService`): its episodes,
+  and for a language model's digest the turns whose lines it was given and the
+  digests it was given as colour (``digest:N``);
+- a compaction (:class:`runtime.memories.transcript.TranscriptService`): the
+  episodes whose gists its summary copies (``refs``).
 
 A citation is stale when the memory it names is not stored: forgotten, or
 deleted otherwise (a turn pruned, an episode purged), which a job that has
@@ -48,13 +54,14 @@ from runtime.store.database import Store
 
 log = logging.getLogger(__name__)
 
-#: A citation naming a memory: ``turn:12``, ``episode:3``, ``fact:7``.
-MEMORY_REF = re.compile(r"^(turn|episode|fact):([1-9][0-9]{0,17})$")
-_TABLES = {"turn": "transcript", "episode": "episodes", "fact": "facts"}
+#: A citation naming a memory, or a digest: ``turn:12``, ``episode:3``, ``fact:7``,
+#: ``digest:4`` (a digest a language model was given as colour).
+MEMORY_REF = re.compile(r"^(turn|episode|fact|digest):([1-9][0-9]{0,17})$")
+_TABLES = {"turn": "transcript", "episode": "episodes", "fact": "facts", "digest": "digests"}
 
 
 class StaleCitation(ValueError):
-    """A derived memory (``what``: episode, fact, portrait, digest) was refused:
+    """A derived memory (``what``: episode, fact, portrait, digest, compaction) was refused:
     it cites ``refs``, memories forgotten (or gone) since the job read them."""
 
     def __init__(self, what: str, refs: Sequence[str]) -> None:
@@ -68,7 +75,7 @@ class StaleCitation(ValueError):
 
 
 def stale(store: Store, refs: Iterable[str]) -> list[str]:
-    """The refs of ``refs`` naming a turn, episode or fact that is not stored,
+    """The refs of ``refs`` naming a turn, episode, fact or digest that is not stored,
     in kind then id order. Refs that name no memory are never stale."""
     wanted: dict[str, set[int]] = {}
     for ref in refs:

@@ -13,8 +13,9 @@ memory's lines; the next synthesis run writes the rest from what remains.
 
 The reflection (:mod:`runtime.mind.dmn`) quotes the episodes and facts its
 findings rest on, word for word, in facts that recall returns and in an
-episode that tells them. Those are forgotten with their source too, and what
-cites them in turn.
+episode that tells them (its ``provenance`` names the findings). Those are
+forgotten with their source too, and what cites them in turn: the episode
+telling a finding goes with the finding, even one forgotten by hand.
 
 A turn is quoted too (issue 24): an episode's gist copies its words (the
 offline gist word for word, a model's in its own words), a fact extracted from
@@ -22,16 +23,20 @@ it says what it said, and a daily digest written by a language model was given
 the day's user lines. What cannot be told apart from the turn's words is
 forgotten whole, never rewritten: forgetting a turn forgets the episodes citing
 it (the leaf and the roll-ups above it: they cite their children's turns), the
-facts whose provenance names it, and the digests a language model wrote for a
-period holding it; and then, each in turn, what was written from those.
+facts whose provenance names it, and the digests a language model wrote from
+its line (they cite it, ``turn:N``) or for a period holding it; and then, each
+in turn, what was written from those (a model's weekly given a daily note that
+went cites it, ``digest:N``).
 
 Two kinds of row keep other text beside a memory's and are rewritten instead,
 the row kept: a turn's stored tool results (the pull-mode ``recall`` tool's
 answer is one ``- [ref] text`` line per memory: the lines of a forgotten ref
 go) and the compaction summaries (:mod:`runtime.mind.distil` joins the last
-gists of a channel with " … ": the gists quoting a forgotten episode or turn
-go, the header and the watermark stay). The write-log entries of a rewritten
-row are scrubbed like a forgotten row's (:meth:`Store.forget_history`).
+gists of a channel with " … " and cites their episodes in ``refs``, in order:
+the gist of a forgotten episode goes by its place, and so do gists quoting a
+forgotten text, as in the rows written before ``refs`` was kept; the header and
+the watermark stay). The write-log entries of a rewritten row are scrubbed
+like a forgotten row's (:meth:`Store.forget_history`).
 
 :func:`forget_citing` is called by the services that forget facts
 (:class:`runtime.memories.facts.GraphService`), episodes
@@ -48,8 +53,10 @@ compaction: recall joins every hit against the rows, so none is returned.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from runtime.memories.cited import stale
@@ -67,8 +74,10 @@ _REFS = {
                  " json_each(l.value, '$.refs') r",
     # refs: [...]
     "digests": "SELECT r.value AS ref FROM json_each({refs}) r",
+    # provenance: [...] (the reflection's episode: the findings it tells)
+    "episodes": "SELECT r.value AS ref FROM json_each({provenance}) r",
 }
-_COLUMN = {"portraits": "lines", "digests": "refs"}
+_COLUMN = {"portraits": "lines", "digests": "refs", "episodes": "provenance"}
 #: The reflection (runtime.mind.dmn): the source of its findings and episodes, and
 #: the job-state key of the findings it has not told in an episode yet.
 REFLECTION = "dmn"
@@ -91,15 +100,15 @@ def citing(store: Store, table: str, ref: str) -> tuple[list[int], list[int]]:
     column = _COLUMN[table]
     live_refs = _REFS[table].format(**{column: f"t.{column}"})
     live = [int(r[0]) for r in store.conn.execute(
-        f"SELECT t.id FROM {table} t WHERE EXISTS ({live_refs} WHERE r.value = ?)"
-        " ORDER BY t.id", (ref,))]
+        f"SELECT t.id FROM {table} t WHERE instr(t.{column}, ?) > 0"
+        f" AND EXISTS ({live_refs} WHERE r.value = ?) ORDER BY t.id", (ref, ref))]
     logged: set[int] = set()
     for side in ("before", "after"):
         snapshot = _REFS[table].format(**{column: f"json_extract(w.{side}, '$.{column}')"})
         logged.update(int(r[0]) for r in store.conn.execute(
             f"SELECT DISTINCT w.row_id FROM write_log w WHERE w.table_name = ?"
-            f" AND w.{side} IS NOT NULL AND EXISTS ({snapshot} WHERE r.value = ?)",
-            (table, ref)))
+            f" AND instr(w.{side}, ?) > 0 AND EXISTS ({snapshot} WHERE r.value = ?)",
+            (table, ref, ref)))
     return live, sorted(logged - set(live))
 
 
@@ -117,7 +126,10 @@ def forget_citing(store: Store, ref: str, writer: str, text: str = "") -> int:
     write-log content; ``text`` is what it said (a gist, a turn's content, a
     fact's value). Return how many rows went or were rewritten.
 
-    - The portrait versions and digests citing it. When the latest portrait
+    - The portrait versions and digests citing it (a digest that goes is
+      followed: a model's weekly given it as colour cites it), and the
+      episodes whose provenance names it (the reflection's, telling a
+      finding). When the latest portrait
       version goes, a new one takes its place with its other lines: the prompt
       shows what it showed a moment before (the read-time filter had already
       dropped the forgotten memory's lines), not nothing until the next
@@ -128,7 +140,7 @@ def forget_citing(store: Store, ref: str, writer: str, text: str = "") -> int:
     - For a turn: the episodes citing it, the facts whose provenance names it,
       and the digests a language model wrote for a period holding it.
     - Rewritten, not forgotten: the lines naming it in stored tool results, and
-      the gists quoting its text in compaction summaries.
+      in compaction summaries the gist citing it and the gists quoting its text.
 
     What goes is followed in turn: a digest citing a ``dmn`` episode goes too."""
     forgotten = 0
@@ -146,9 +158,15 @@ def forget_citing(store: Store, ref: str, writer: str, text: str = "") -> int:
             for table in _REFS:
                 live, logged = citing(store, table, ref)
                 for row_id in live:
-                    store.forget(writer, table, row_id)
+                    if table == "episodes":  # the reflection's episode telling a finding
+                        todo.append(_Gone(f"episode:{row_id}",
+                                          _forget_episode(store, row_id, writer)))
+                    else:
+                        store.forget(writer, table, row_id)
                 for row_id in logged:
                     store.forget_history(table, row_id)
+                if table == "digests":  # a digest given one as colour goes in turn
+                    todo.extend(_Gone(f"digest:{row_id}") for row_id in (*live, *logged))
                 forgotten += len(live) + len(logged)
             if replacement is not None:
                 _portraits(store).add(replacement, writer)
@@ -157,13 +175,14 @@ def forget_citing(store: Store, ref: str, writer: str, text: str = "") -> int:
                 _forget_fact(store, fact_id, writer)
                 todo.append(_Gone(f"fact:{fact_id}", value))
             told = _telling(store, list(findings.values()))
-            _drop_untold(store, list(findings.values()))
+            _drop_untold(store, list(findings.values()),
+                         [ref, *(f"fact:{fact_id}" for fact_id in findings)])
             for episode_id in told:
                 todo.append(_Gone(f"episode:{episode_id}", _forget_episode(store, episode_id,
                                                                            writer)))
             forgotten += len(findings) + len(told)
             forgotten += _scrub_tool_results(store, ref, writer)
-            forgotten += _rewrite_compactions(store, gone.text, writer)
+            forgotten += _rewrite_compactions(store, ref, gone.text, writer)
     if forgotten:
         log.info("forgot %d memories and summaries made from a forgotten memory", forgotten)
     return forgotten
@@ -239,47 +258,78 @@ def quotes(text: str) -> list[str]:
     return found
 
 
+def _quoting(found: list[str], flat: str) -> Callable[[str], bool]:
+    """Whether a part of a summary quotes the forgotten text whose quotes are
+    ``found`` (``flat``: the text, spaces folded)."""
+    def quoting(part: str) -> bool:
+        clipped = part.endswith("…") and part[:-1].rstrip()
+        return bool(found) and (any(q in part for q in found) or bool(
+            clipped and len(clipped) >= MIN_QUOTE and clipped in flat))
+    return quoting
+
+
+def _head_body(summary: str) -> tuple[str, str]:
+    head, sep, body = summary.partition(": ")
+    if not sep or not head.startswith("Conversation on "):
+        return "", summary
+    return head, body
+
+
 def summary_without(summary: str, text: str) -> str:
     """``summary`` (a compaction's: "Conversation on CHANNEL up to WHEN: " and
     gists joined by " … ", clipped) less the gists quoting ``text``; the header
     and the other gists as they were. The same summary when none quotes it."""
+    return compaction_without(summary, [], "", text)[0]
+
+
+def compaction_without(summary: str, refs: list[str], ref: str,
+                       text: str) -> tuple[str, list[str]]:
+    """A compaction's ``summary`` and ``refs`` (the episode of each gist, in
+    order; ``[]`` for a row from before they were kept) less the gists of the
+    forgotten ``ref`` and those quoting its ``text``. When the refs do not line
+    up with the gists (one gist holding the separator), a summary citing ``ref``
+    keeps none of them: no rule can tell which part is its gist."""
     found = quotes(text)
-    if not found:
-        return summary
-    flat = " ".join(text.split())
-    head, sep, body = summary.partition(": ")
-    if not sep or not head.startswith("Conversation on "):
-        head, body = "", summary
+    quoting = _quoting(found, " ".join(text.split()))
+    head, body = _head_body(summary)
     parts = body.split(GIST_SEPARATOR)
 
-    def quoting(part: str) -> bool:
-        clipped = part.endswith("…") and part[:-1].rstrip()
-        return (any(q in part for q in found)
-                or bool(clipped and len(clipped) >= MIN_QUOTE and clipped in flat))
+    def joined(kept: list[str]) -> str:
+        rest = GIST_SEPARATOR.join(kept) or FORGOTTEN
+        return f"{head}: {rest}" if head else rest
 
+    if refs and len(refs) == len(parts):
+        keep = [i for i, (part, cited) in enumerate(zip(parts, refs))
+                if cited != ref and not quoting(part)]
+        if len(keep) == len(parts):
+            return summary, refs
+        return joined([parts[i] for i in keep]), [refs[i] for i in keep]
+    if ref and ref in refs:
+        return joined([]), []
     kept = [p for p in parts if not quoting(p)]
     if len(kept) == len(parts):
-        return summary
-    rest = GIST_SEPARATOR.join(kept) or FORGOTTEN
-    return f"{head}: {rest}" if head else rest
+        return summary, refs
+    return joined(kept), refs
 
 
-def _rewrite_compactions(store: Store, text: str, writer: str) -> int:
-    """Rewrite the compaction summaries that quote ``text`` without it, and scrub
-    their write-log entries. A compaction row is kept (its watermark says how far
-    the channel is consolidated); only its summary changes."""
+def _rewrite_compactions(store: Store, ref: str, text: str, writer: str) -> int:
+    """Rewrite the compaction summaries that copy the gist of ``ref`` (their
+    ``refs`` name it) or quote its ``text`` without them, and scrub their
+    write-log entries. A compaction row is kept (its watermark says how far the
+    channel is consolidated); only its summary (and refs) change."""
     found = quotes(text)
-    if not found:
-        return 0
     # a summary quoting it holds one of its quotes, or (clipped) its first characters
-    looked_for = [*found, " ".join(text.split())[:MIN_QUOTE]]
-    where = " OR ".join("instr(summary, ?) > 0" for _ in looked_for)
+    looked_for = [*found, " ".join(text.split())[:MIN_QUOTE]] if found else []
+    where = " OR ".join(["instr(refs, ?) > 0 AND EXISTS (SELECT 1 FROM json_each(refs) r"
+                         " WHERE r.value = ?)", *("instr(summary, ?) > 0" for _ in looked_for)])
     rewritten = 0
-    for row in store.rows(f"SELECT id, summary FROM compactions WHERE {where} ORDER BY id",
-                          looked_for):
-        new = summary_without(str(row["summary"]), text)
-        if new != row["summary"]:
-            store.update(writer, "compactions", row["id"], {"summary": new})
+    for row in store.rows(f"SELECT id, summary, refs FROM compactions WHERE {where} ORDER BY id",
+                          (ref, ref, *looked_for)):
+        refs = [str(r) for r in json.loads(row["refs"] or "[]")]
+        new, kept = compaction_without(str(row["summary"]), refs, ref, text)
+        if new != row["summary"] or kept != refs:
+            store.update(writer, "compactions", row["id"],
+                         {"summary": new, "refs": json.dumps(kept)})
             store.forget_history("compactions", int(row["id"]))
             rewritten += 1
     return rewritten
@@ -312,11 +362,21 @@ def _telling(store: Store, texts: list[str]) -> list[int]:
     return sorted(ids)
 
 
-def _drop_untold(store: Store, texts: list[str]) -> None:
-    """Take these findings out of the reflection's list of those not told yet."""
+def _drop_untold(store: Store, texts: list[str], refs: list[str]) -> None:
+    """Take these findings (by their text or their fact's ref) out of the
+    reflection's list of those not told yet (``{"ref", "text"}`` entries; plain
+    texts from an older version)."""
     untold = get_state(store, REFLECTION, UNTOLD)
-    if isinstance(untold, list) and any(t in untold for t in texts):
-        set_state(store, REFLECTION, UNTOLD, [t for t in untold if t not in texts])
+    if not isinstance(untold, list):
+        return
+
+    def gone(entry: object) -> bool:
+        if isinstance(entry, dict):
+            return entry.get("ref") in refs or entry.get("text") in texts
+        return entry in texts
+
+    if any(gone(e) for e in untold):
+        set_state(store, REFLECTION, UNTOLD, [e for e in untold if not gone(e)])
 
 
 def _latest_without(store: Store, ref: str) -> PortraitIn | None:

@@ -5,7 +5,11 @@ They are written by the ``synthesis`` job's digest step
 from, retention), one per period local to the household's time zone: a
 **daily note** (key ``2026-06-30``), a **weekly digest** (``2026-W27``, ISO
 weeks), a **monthly digest** (``2026-06``). Every digest is grounded in
-**episodes**: its ``refs`` are the episodes it was made from.
+**episodes**: its ``refs`` are what it was made from: the episodes, and for
+a digest a language model wrote, the turns whose lines it was given
+(``turn:N``) and the digests it was given as colour (``digest:N``). Forgetting
+any of them forgets it (:mod:`runtime.memories.derived`), and one forgotten
+while the job works has it refused (:mod:`runtime.memories.cited`).
 
 :class:`DigestService` writes them (``ctx.writer.write_digests``: the Graph
 actor in the actor runtime, :class:`runtime.memory.Memory` in process), with
@@ -15,8 +19,8 @@ the write log, by writer ``synthesis``, and deletes those past retention;
 The prompt's **Trajectory** section (:func:`trajectory_for`, used by the
 Turns actor): the latest monthly and the weeklies after it (at most
 ``TRAJECTORY_WEEKS``), bounded to ``TRAJECTORY_CHARS``. A digest one of whose
-episodes has since become sensitive, been disabled or forgotten is not shown
-(nor by ``reverie digest``).
+episodes or turns has since become sensitive, been disabled or forgotten is
+not shown (nor by ``reverie digest``).
 """
 
 from __future__ import annotations
@@ -54,7 +58,10 @@ TRAJECTORY_INSTRUCTION = (
     "says now wins over it.")
 TRAJECTORY_WEEKS = 4
 TRAJECTORY_CHARS = 1600
-EpisodeRef = Annotated[str, Field(pattern=r"^episode:[1-9][0-9]{0,17}$", max_length=40)]
+#: What a digest is made from: an episode; for a language model's digest also a turn
+#: whose line it was given, and a digest it was given as colour.
+SourceRef = Annotated[str, Field(pattern=r"^(episode|turn|digest):[1-9][0-9]{0,17}$",
+                                 max_length=40)]
 
 
 class DigestIn(BaseModel):
@@ -67,7 +74,7 @@ class DigestIn(BaseModel):
     starts_at: float
     ends_at: float
     text: str = Field(min_length=1, max_length=MAX_TEXT)
-    refs: list[EpisodeRef] = Field(default_factory=list, max_length=MAX_REFS)
+    refs: list[SourceRef] = Field(default_factory=list, max_length=MAX_REFS)
     how: Literal["offline", "llm", "fallback"] = "offline"
 
     @model_validator(mode="after")
@@ -124,7 +131,8 @@ class DigestService:
         nothing. ValueError for an unknown id or a monthly: monthlies are kept
         forever; :class:`runtime.memories.cited.StaleCitation` (a ValueError)
         naming the refs when a digest to add cites an episode no longer stored
-        (forgotten since the job read it): nothing of the batch is written, and
+        (or a turn or digest it was made from: forgotten since the job read it):
+        nothing of the batch is written, and
         the caller may send the batch again without the digests citing them."""
         ids: list[int] = []
         with self.store.write_transaction():
@@ -167,24 +175,27 @@ class DigestService:
 
 
 def hidden_episodes(store: Store, refs: Iterable[str]) -> set[str]:
-    """The refs of ``refs`` naming an episode that is now sensitive or disabled, or
-    was forgotten by the user (the write log's content-free trace)."""
-    ids = sorted({int(r.partition(":")[2]) for r in refs if r.startswith("episode:")})
+    """The refs of ``refs`` naming an episode or a turn that is now sensitive or
+    disabled, or was forgotten by the user (the write log's content-free trace)."""
     hidden: set[str] = set()
-    for start in range(0, len(ids), 500):
-        part = ids[start:start + 500]
-        marks = ",".join("?" for _ in part)
-        hidden.update(f"episode:{r[0]}" for r in store.conn.execute(
-            f"SELECT id FROM episodes WHERE id IN ({marks}) AND (sensitive = 1 OR disabled = 1)",
-            part))
-        hidden.update(f"episode:{r[0]}" for r in store.conn.execute(
-            f"SELECT row_id FROM write_log WHERE table_name = 'episodes' AND op = 'delete'"
-            f" AND row_id IN ({marks}) AND json_extract(before, '$.forgotten') = 1", part))
+    refs = list(refs)
+    for kind, table in (("episode", "episodes"), ("turn", "transcript")):
+        ids = sorted({int(r.partition(":")[2]) for r in refs if r.startswith(f"{kind}:")})
+        for start in range(0, len(ids), 500):
+            part = ids[start:start + 500]
+            marks = ",".join("?" for _ in part)
+            hidden.update(f"{kind}:{r[0]}" for r in store.conn.execute(
+                f"SELECT id FROM {table} WHERE id IN ({marks})"
+                " AND (sensitive = 1 OR disabled = 1)", part))
+            hidden.update(f"{kind}:{r[0]}" for r in store.conn.execute(
+                f"SELECT row_id FROM write_log WHERE table_name = '{table}' AND op = 'delete'"
+                f" AND row_id IN ({marks}) AND json_extract(before, '$.forgotten') = 1", part))
     return hidden
 
 
 def shown(store: Store, digests: Sequence[Digest]) -> list[Digest]:
-    """The digests none of whose episodes has become private or gone by the user's hand."""
+    """The digests none of whose episodes or turns has become private or gone by
+    the user's hand."""
     hidden = hidden_episodes(store, (r for d in digests for r in d.refs))
     return [d for d in digests if not hidden.intersection(d.refs)]
 

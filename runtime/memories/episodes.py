@@ -13,8 +13,10 @@ log keeps only that it existed (:meth:`runtime.store.database.Store.forget`).
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,6 +32,8 @@ log = logging.getLogger(__name__)
 
 WRITER = "episodes"
 MAX_GIST_CHARS = 8000
+MemoryRef = Annotated[str, Field(pattern=r"^(turn|episode|fact):[1-9][0-9]{0,17}$",
+                                 max_length=40)]
 
 
 class MutedSource(ValueError):
@@ -48,6 +52,9 @@ class EpisodeIn(BaseModel):
     memory_level: MemoryLevel = "normal"
     cites: list[int] = Field(default_factory=list)
     children: list[int] = Field(default_factory=list)
+    # the other memories it is made from (runtime.memories.cited, derived): the reflection's
+    # episode names the findings it tells (``fact:N``); forgetting one forgets it
+    provenance: list[MemoryRef] = Field(default_factory=list, max_length=200)
     started_at: float | None = Field(default=None, allow_inf_nan=False)
     ended_at: float | None = Field(default=None, allow_inf_nan=False)
     # an open thread it holds (runtime.memories.threads): its state and the words that opened it
@@ -60,8 +67,10 @@ class EpisodeIn(BaseModel):
 
 
 def _cited(episode: EpisodeIn) -> list[str]:
-    """The memories an episode is made from: its turns and the episodes it rolls up."""
-    return [*(f"turn:{t}" for t in episode.cites), *(f"episode:{c}" for c in episode.children)]
+    """The memories an episode is made from: its turns, the episodes it rolls up
+    and its provenance."""
+    return [*(f"turn:{t}" for t in episode.cites), *(f"episode:{c}" for c in episode.children),
+            *episode.provenance]
 
 
 class EpisodeService:
@@ -77,8 +86,8 @@ class EpisodeService:
         :class:`runtime.memories.duplicates.NearDuplicate` naming it: nothing new is written,
         but its cited turns join the kept episode's citations.
 
-        One citing a turn, or rolling up an episode, that is no longer stored
-        (forgotten since the job read it) raises
+        One citing a turn, rolling up an episode, or naming in its provenance a
+        memory, that is no longer stored (forgotten since the job read it) raises
         :class:`runtime.memories.cited.StaleCitation` naming it: nothing is
         written, not even as a duplicate's citations. Checked before the
         duplicate check and again inside the write transaction."""
@@ -110,6 +119,7 @@ class EpisodeService:
                 "memory_level": episode.memory_level,
                 "started_at": episode.started_at, "ended_at": episode.ended_at,
                 "last_relevant_at": now, "created_at": now,
+                "provenance": json.dumps(episode.provenance),
                 **thread_columns(episode.thread, episode.thread_what, episode.ended_at, now),
             })
             for turn_id in sorted(set(episode.cites)):

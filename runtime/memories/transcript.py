@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from runtime.memories import derived
+from runtime.memories.cited import refuse_stale
 from runtime.memories.location import live_location
 from runtime.memories.profiles import MemoryProfiles
 from runtime.store.database import Row, Store
@@ -201,18 +203,25 @@ class TranscriptService:
 
     # -- compaction and pruning --------------------------------------------
 
-    def compact(self, channel: str, summary: str, watermark: int, writer: str = WRITER) -> int:
-        """Record a continuity summary of ``channel`` up to row ``watermark``."""
+    def compact(self, channel: str, summary: str, watermark: int, writer: str = WRITER,
+                refs: Sequence[str] = ()) -> int:
+        """Record a continuity summary of ``channel`` up to row ``watermark``;
+        ``refs``: the episode each of its gists was copied from, in order
+        (forgetting one takes its gist out: :mod:`runtime.memories.derived`).
+        One naming an episode no longer stored (forgotten since the job read
+        it) is refused whole, :class:`runtime.memories.cited.StaleCitation`:
+        the caller writes it again without that gist."""
         if not summary.strip():
             raise ValueError("compaction summary is empty")
         with self.store.write_transaction():
+            refuse_stale(self.store, "compaction", refs)  # no gap: in the write
             current = self.watermark(channel)
             if current is not None and watermark < current:
                 raise ValueError(
                     f"watermark {watermark} is behind the current one ({current})")
             return self.store.insert(writer, "compactions", {
                 "channel": channel, "summary": summary, "watermark": watermark,
-                "created_at": self.store.clock.now(),
+                "created_at": self.store.clock.now(), "refs": json.dumps(list(refs)),
             })
 
     def watermark(self, channel: str) -> int | None:

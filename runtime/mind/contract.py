@@ -49,8 +49,10 @@ class MemoryWriter(Protocol):
         current and what happened (inserted, reinforced, superseded, kept)."""
         ...
 
-    def compact(self, channel: str, summary: str, watermark: int, writer: str) -> int:
-        """Record a continuity summary of ``channel`` up to transcript row ``watermark``."""
+    def compact(self, channel: str, summary: str, watermark: int, writer: str,
+                refs: Sequence[str] = ()) -> int:
+        """Record a continuity summary of ``channel`` up to transcript row ``watermark``;
+        ``refs``: the episode of each of its gists (``runtime.memories.transcript``)."""
         ...
 
     def change(self, ref: Ref, action: Action, writer: str) -> None:

@@ -21,7 +21,9 @@ period gives way to the parent) that are enabled, not sensitive (column
 ``sensitive``, migration 0015), cite no sensitive turn, and do not come from the
 ``dmn`` reflection. Its ``refs`` are the episodes it was made from. Turns are
 colour only: their count and channels (and, for the language model, a few
-non-sensitive user lines of a day). **Sensitive memories never enter a digest.**
+non-sensitive user lines of a day, which its ``refs`` then name: ``turn:N``;
+a week's or month's model is given the daily notes or weeklies, named
+``digest:N``). **Sensitive memories never enter a digest.**
 
 The text comes from the configured chain (:func:`runtime.mind.llm_json.ask_json`,
 validated, asked once more when invalid); without a real provider, or when the
@@ -234,25 +236,27 @@ def evidence_text(episodes: Sequence[Row], notes: Sequence[str], zone: tzinfo,
     return "EVIDENCE START\n" + "\n".join(rows) + "\nEVIDENCE END"
 
 
-def _day_lines(store: Store, span: Span, params: DigestParams) -> list[str]:
-    return [str(r[0]) for r in store.conn.execute(
-        f"SELECT content FROM transcript t WHERE role = 'user' AND {privacy.SHAREABLE}"
+def _day_lines(store: Store, span: Span, params: DigestParams) -> tuple[list[str], list[str]]:
+    rows = list(store.conn.execute(
+        f"SELECT id, content FROM transcript t WHERE role = 'user' AND {privacy.SHAREABLE}"
         " AND memory = 1 AND NOT EXISTS (SELECT 1 FROM episode_citations c JOIN episodes e"
         " ON e.id = c.episode_id WHERE c.transcript_id = t.id AND e.sensitive = 1)"
         " AND created_at >= ? AND created_at < ? ORDER BY id LIMIT ?",
-        (span.starts_at, span.ends_at, params.turn_lines))]
+        (span.starts_at, span.ends_at, params.turn_lines)))
+    return [str(r[1]) for r in rows], [f"turn:{r[0]}" for r in rows]
 
 
-def _colour(store: Store, span: Span, params: DigestParams) -> list[str]:
+def _colour(store: Store, span: Span, params: DigestParams) -> tuple[list[str], list[str]]:
     """A period's colour for the model: a day's user lines, a week's daily notes, a
-    month's weeklies (only those still shown)."""
+    month's weeklies (only those still shown); and what they are (``turn:N``,
+    ``digest:N``), which the digest then cites: its text may quote them."""
     if span.period == "day":
         return _day_lines(store, span, params)
     lower = "day" if span.period == "week" else "week"
-    rows = [Digest.of(r) for r in store.rows(
+    rows = shown(store, [Digest.of(r) for r in store.rows(
         f"SELECT * FROM {TABLE} WHERE period = ? AND ends_at > ? AND starts_at < ?"
-        " ORDER BY starts_at", (lower, span.starts_at, span.ends_at))]
-    return [f"{d.key}: {d.text}" for d in shown(store, rows)]
+        " ORDER BY starts_at", (lower, span.starts_at, span.ends_at))])
+    return [f"{d.key}: {d.text}" for d in rows], [f"digest:{d.id}" for d in rows]
 
 
 def make_digest(ctx: JobContext, span: Span, zone: tzinfo,
@@ -271,15 +275,19 @@ def make_digest(ctx: JobContext, span: Span, zone: tzinfo,
         schema = json.dumps(DigestOut.model_json_schema(), separators=(",", ":"))
         system = _SYSTEM.format(what=_WHAT[span.period], key=span.key, chars=MAX_TEXT // 2,
                                 schema=schema)
-        out = ask_json(ctx.llm, system,
-                       evidence_text(evidence, _colour(ctx.store, span, params), zone, params),
+        notes, given = _colour(ctx.store, span, params)
+        cited = [*(f"episode:{e['id']}" for e in evidence), *given]
+        if len(cited) > MAX_REFS:  # what it was given must be cited whole: no colour then
+            notes, given = [], []
+            cited = cited[:len(evidence)]
+        out = ask_json(ctx.llm, system, evidence_text(evidence, notes, zone, params),
                        DigestOut, lambda o: None, params.llm_max_tokens, "digest")
         if out is None:
             how = "fallback"
         else:
             how = "llm"
             text = _clip(out.summary, MAX_TEXT)
-            refs = [f"episode:{e['id']}" for e in evidence]
+            refs = cited
     return DigestIn(period=span.period, key=span.key, starts_at=span.starts_at,
                     ends_at=span.ends_at, text=text, refs=refs[:MAX_REFS], how=how)
 
@@ -292,8 +300,8 @@ def _earliest(store: Store) -> float | None:
 
 
 def _write(ctx: JobContext, batch: list[DigestIn]) -> int:
-    """Write ``batch``; return how many were written. One citing an episode
-    forgotten since it was read is refused with the batch (StaleCitation,
+    """Write ``batch``; return how many were written. One citing an episode, a
+    turn or a digest forgotten since it was read is refused with the batch (StaleCitation,
     ``runtime.memories.cited``): the batch goes again without the digests
     citing it, which the next run makes again from what is left."""
     while batch:
@@ -302,7 +310,7 @@ def _write(ctx: JobContext, batch: list[DigestIn]) -> int:
             return len(batch)
         except StaleCitation as refused:
             kept = [d for d in batch if not set(refused.refs).intersection(d.refs)]
-            log.info("synthesis job: %d digests cite episodes forgotten since they were"
+            log.info("synthesis job: %d digests cite memories forgotten since they were"
                      " read; skipped", len(batch) - len(kept))
             if len(kept) == len(batch):
                 raise

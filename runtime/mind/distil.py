@@ -557,7 +557,8 @@ class _Run:
     queued: int = 0
     retried: int = 0
     down: bool = False  # no provider answered (and no offline fallback): queue the rest
-    recent: dict[str, list[str]] = field(default_factory=dict)
+    # per channel, its last gists written and their episodes: the compaction summary
+    recent: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
     keys: set[str] = field(default_factory=set)  # of the queued entries
     threads: ThreadKeeper | None = None
 
@@ -607,8 +608,10 @@ class _Run:
         else:
             self.offline += 1
         if not privacy.cites_sensitive(self.ctx.store, [t.id for t in turns]):
-            # a sensitive gist never enters the continuity summary (runtime.memories.privacy)
-            self.recent.setdefault(channel, []).append(distilled.gist)
+            # a sensitive gist never enters the continuity summary (runtime.memories.privacy);
+            # one holding the separator's "…" would not be told apart from the next one
+            gist = distilled.gist.replace(derived.GIST_SEPARATOR.strip(), "...")
+            self.recent.setdefault(channel, []).append((f"episode:{episode_id}", gist))
             del self.recent[channel][:-3]
 
     def rewrite_without(self, channel: str, turns: Sequence[Turn],
@@ -660,9 +663,12 @@ class _Run:
     def compact(self, channel: str) -> None:
         """Move the channel's watermark up to its position, but below its oldest
         queued segment, with a continuity summary: the channel's last gists
-        (never a sensitive one), word for word. Forgetting one of those episodes,
-        or a turn a gist copied, rewrites the summary without that gist
-        (:mod:`runtime.memories.derived`)."""
+        (never a sensitive one), word for word, citing their episodes. Forgetting
+        one of those episodes, or a turn a gist copied (its episode goes with
+        it), rewrites the summary without that gist
+        (:mod:`runtime.memories.derived`); one forgotten before the summary is
+        written has it refused (:mod:`runtime.memories.cited`), and it is
+        written again without that gist."""
         target = self.position(channel)
         held = [min(p.entry.payload["turn_ids"]) for p in self.queue.entries()
                 if p.entry.kind == QUEUE_KIND and p.entry.payload.get("channel") == channel
@@ -675,11 +681,25 @@ class _Run:
                                      " channel = ? AND id <= ?", (channel, target))
         when = ("" if last is None else " up to " + datetime.fromtimestamp(
             float(last), self.distiller.zone).strftime("%Y-%m-%d %H:%M"))
-        gists = self.recent.get(channel, [])
-        # the shape runtime.memories.derived.summary_without takes a forgotten gist out of
-        summary = (f"Conversation on {channel}{when}: " + derived.GIST_SEPARATOR.join(gists)
-                   if gists else f"Conversation on {channel}{when}: nothing new to remember.")
-        self.ctx.writer.compact(channel, _clip(summary, 1200), target, WRITER)
+        while True:
+            recent = self.recent.get(channel, [])
+            # the shape runtime.memories.derived.compaction_without takes a gist out of
+            summary = _clip(f"Conversation on {channel}{when}: " + derived.GIST_SEPARATOR.join(
+                gist for _, gist in recent), 1200) if recent else (
+                f"Conversation on {channel}{when}: nothing new to remember.")
+            shown = len(summary.partition(": ")[2].split(derived.GIST_SEPARATOR))
+            refs = [ref for ref, _ in recent][:shown]  # the gists clipping left in it
+            try:
+                self.ctx.writer.compact(channel, summary, target, WRITER, refs)
+                return
+            except StaleCitation as refused:  # an episode forgotten since it was written
+                log.info("distil: a compaction summary quotes %d episodes forgotten meanwhile;"
+                         " written again without them", len(refused.refs),
+                         extra={"channel": channel})
+                kept = [(ref, gist) for ref, gist in recent if ref not in refused.refs]
+                if len(kept) == len(recent):
+                    raise
+                self.recent[channel] = kept
 
     def load(self, channel: str, ids: Sequence[int]) -> list[Turn]:
         """The turns among ``ids`` that still exist and may be distilled, minus

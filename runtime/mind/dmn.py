@@ -31,7 +31,8 @@ kept in ``job_state``). Its value names, places and dates only what its cited
 episodes' turns say (the word-for-word support check): a quote that would not
 pass is replaced by a plain sentence. The findings a run writes are also told
 as one ``dmn`` episode (channel ``dmn``, citing no turn, so no job reads facts
-out of it again), recallable like any memory. Nothing is written to the
+out of it again; its ``provenance`` names the findings: forgetting one forgets
+it), recallable like any memory. Nothing is written to the
 transcript: no turn, no chat message, and never anything geo.
 
 Crash-safe: facts first, each followed by its key in ``job_state``; then the
@@ -405,7 +406,9 @@ def reflect(ctx: JobContext, params: DmnParams | None = None) -> JobResult:
             fresh = [f for f in phrased if f.key not in known and not _exists(ctx.store, f.key)]
             seen = [*seen, *considered][-MAX_SEEN:]
             set_state(ctx.store, JOB, "seen", seen)
-    unsaid: list[str] = get_state(ctx.store, JOB, "unsummarised", [])
+    # the findings written and not told yet: {"ref": "fact:N", "text": ...} (a plain
+    # text: from an older version, its fact looked up when told)
+    unsaid: list[dict[str, str] | str] = get_state(ctx.store, JOB, "unsummarised", [])
     written = 0
     for finding in _unique(fresh)[:p.max_findings]:
         if ctx.out_of_time():
@@ -414,13 +417,13 @@ def reflect(ctx: JobContext, params: DmnParams | None = None) -> JobResult:
                       confidence=finding.confidence, source=SOURCE,
                       provenance=[*finding.refs, f"rule:{JOB}"], valid_from=now)
         try:
-            ctx.writer.add_fact(fact, WRITER)
+            fact_id, _ = ctx.writer.add_fact(fact, WRITER)
         except StaleCitation:  # a memory it rests on forgotten since it was read
             log.info("dmn job: a finding cites a memory forgotten since it was read; skipped")
             continue
         written += 1
         seen = [*seen, finding.key][-MAX_SEEN:]
-        unsaid = [*unsaid, finding.text]
+        unsaid = [*unsaid, {"ref": f"fact:{fact_id}", "text": finding.text}]
         set_state(ctx.store, JOB, "seen", seen)
         set_state(ctx.store, JOB, "unsummarised", unsaid)
     episode = _tell(ctx, unsaid, now)
@@ -439,19 +442,45 @@ def _unique(findings: Iterable[Finding]) -> list[Finding]:
     return list(out.values())
 
 
-def _tell(ctx: JobContext, texts: list[str], now: float) -> int | None:
-    """The findings written and not yet told, as one ``dmn`` episode."""
-    if not texts:
-        return None
-    gist = _clip("While the household was away, Reverie reflected: " + " | ".join(texts), 2000)
-    episode_id: int | None = ctx.store.scalar(
-        "SELECT id FROM episodes WHERE channel = ? AND source = ? AND gist = ? LIMIT 1",
-        (CHANNEL, SOURCE, gist))
-    if episode_id is None:
-        episode_id = ctx.writer.add_episode(EpisodeIn(
-            channel=CHANNEL, source=SOURCE, gist=gist, salience=3, started_at=now,
-            ended_at=now), WRITER)
-    set_state(ctx.store, JOB, "unsummarised", [])
+def _untold(store: Store, entry: dict[str, str] | str) -> tuple[str, str] | None:
+    """A finding not told yet: its fact's ref and its text; None when its fact is
+    gone (forgotten: it is not told)."""
+    if isinstance(entry, dict):
+        return str(entry["ref"]), str(entry["text"])
+    fact_id = store.scalar("SELECT id FROM facts WHERE source = ? AND kind = ? AND value = ?"
+                           " ORDER BY id DESC LIMIT 1", (SOURCE, KIND, entry))
+    return None if fact_id is None else (f"fact:{fact_id}", entry)
+
+
+def _tell(ctx: JobContext, untold: Sequence[dict[str, str] | str], now: float) -> int | None:
+    """The findings written and not yet told, as one ``dmn`` episode naming them
+    (its ``provenance``: forgetting one forgets it, ``runtime.memories.derived``).
+    One forgotten since it was written has the episode refused
+    (``runtime.memories.cited``): it is told again without it."""
+    told = [t for t in (_untold(ctx.store, u) for u in untold) if t is not None]
+    episode_id: int | None = None
+    while told:
+        gist = _clip("While the household was away, Reverie reflected: "
+                     + " | ".join(text for _, text in told), 2000)
+        episode_id = ctx.store.scalar(
+            "SELECT id FROM episodes WHERE channel = ? AND source = ? AND gist = ? LIMIT 1",
+            (CHANNEL, SOURCE, gist))
+        if episode_id is not None:
+            break
+        try:
+            episode_id = ctx.writer.add_episode(EpisodeIn(
+                channel=CHANNEL, source=SOURCE, gist=gist, salience=3, started_at=now,
+                ended_at=now, provenance=[ref for ref, _ in told]), WRITER)
+            break
+        except StaleCitation as refused:  # a finding forgotten since it was written
+            kept = [(ref, text) for ref, text in told if ref not in refused.refs]
+            log.info("dmn job: %d findings forgotten before they were told; told without"
+                     " them", len(told) - len(kept))
+            if len(kept) == len(told):
+                raise
+            told = kept
+    if untold:
+        set_state(ctx.store, JOB, "unsummarised", [])
     return episode_id
 
 

@@ -66,13 +66,13 @@ WRITABLE: dict[str, frozenset[str]] = {
         "channel source role speaker content created_at lat lon accuracy_m place "
         "external_id citations memory request_id disabled sensitive".split()
     ),
-    "compactions": frozenset("channel summary watermark created_at".split()),
+    "compactions": frozenset("channel summary watermark created_at refs".split()),
     "tool_calls": frozenset("transcript_id name arguments result created_at".split()),
     "episodes": frozenset(
         "channel source level gist salience emotion memory_level weight started_at "
         "ended_at last_relevant_at created_at parent_id tombstoned_at disabled "
         "thread thread_what thread_opened_at thread_escalated_at thread_resolved_at "
-        "thread_resolved_by sensitive person".split()
+        "thread_resolved_by sensitive person provenance".split()
     ),
     "facts": frozenset(
         "kind subject key value confidence source provenance valid_from valid_to "

@@ -765,6 +765,19 @@ MIGRATIONS: list[tuple[str, str]] = [
         END;
         """,
     ),
+    (
+        "0023_derived_provenance",
+        """
+        -- What a derived row was made from, besides what the schema links
+        -- (runtime.memories.cited, runtime.memories.derived; issue 24):
+        -- an episode's memories other than its turns and children, JSON ["fact:N", ...]
+        -- (the reflection's episode: the findings it tells); a compaction's refs, JSON
+        -- ["episode:N", ...], one per gist of its summary, in order. '[]': none, or a row
+        -- from before this column (matched on its text instead).
+        ALTER TABLE episodes ADD COLUMN provenance TEXT NOT NULL DEFAULT '[]';
+        ALTER TABLE compactions ADD COLUMN refs TEXT NOT NULL DEFAULT '[]';
+        """,
+    ),
 ]
 
 
