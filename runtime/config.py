@@ -127,6 +127,9 @@ class RecallSettings(_Section):
     candidates: int = Field(default=60, ge=5, le=1000)
     relative_floor: float = Field(default=0.45, ge=0.0, le=1.0)
     min_cosine: float = Field(default=0.30, ge=-1.0, le=1.0)
+    # weight of a candidate's normalised keyword score beside its cosine similarity
+    # in relevance (runtime.recall.hybrid)
+    lexical_weight: float = Field(default=0.5, ge=0.0, le=5.0)
     weight_relevance: float = Field(default=1.0, ge=0.0)
     weight_recency: float = Field(default=0.05, ge=0.0)
     weight_salience: float = Field(default=0.10, ge=0.0)
@@ -175,6 +178,18 @@ class RecallSettings(_Section):
     passages: bool = False
     passage_tokens: int = Field(default=200, ge=20, le=2000)
     passage_overlap: int = Field(default=50, ge=0, le=1000)
+    # a store of long turns (issue 25; runtime.recall.policy): when at least this
+    # share of the store's last long_store_window recallable turns are longer than
+    # long_turn_tokens (about 4 characters each; MiniLM reads 256 word pieces),
+    # recall uses the [recall] values in long_store in place of the ones above
+    # (0: never). A property of the store, read at query time, not of a data set.
+    # Values chosen by leave-one-out over LoCoMo and RealMem (docs/benchmarks.md)
+    long_store_share: float = Field(default=0.1, ge=0.0, le=1.0)
+    long_turn_tokens: int = Field(default=256, ge=1)
+    long_store_window: int = Field(default=500, ge=1, le=100_000)
+    long_store: dict[str, float | int | bool] = Field(default_factory=lambda: {
+        "excerpt_tokens": 100, "diversity": 0.5, "diversity_similarity": 0.5,
+        "relative_floor": 0.3, "lexical_weight": 0.75})
     # multiply an episode's / a fact's final score (a turn's stays as it is), so
     # that the layers take part in recall with their own weights (issue 7; both
     # chosen leave-one-conversation-out on LoCoMo with --subconscious)
@@ -185,6 +200,19 @@ class RecallSettings(_Section):
     max_seared: int = Field(default=2, ge=0, le=20)
     # temporal recall (runtime.recall.temporal): a time the query names ranks its memories first
     temporal: bool = True
+
+    @field_validator("long_store")
+    @classmethod
+    def _long_store_keys(cls, value: dict[str, float | int | bool]) -> dict[str, Any]:
+        """[recall] keys, each checked as [recall] checks it. Not the switch's own
+        keys, nor how turns are cut (the store is cut once, at writing)."""
+        fixed = {"long_store", "long_store_share", "long_turn_tokens", "long_store_window",
+                 "passage_tokens", "passage_overlap"}
+        bad = sorted(set(value) - (set(cls.model_fields) - fixed))
+        if bad:
+            raise ValueError(f"not a [recall] key long_store may set: {', '.join(bad)}")
+        checked = cls.model_validate(value)
+        return {key: getattr(checked, key) for key in value}
 
 
 class ProviderSettings(_Section):

@@ -18,7 +18,9 @@ passages (:mod:`runtime.recall.passages`): its similarity is its best
 passage's when that is higher than its own vector's, its keyword score its
 best passage's when higher, and it is injected as its best passage. With
 ``recall.diversity_similarity`` (MMR), while the budget is filled a candidate
-scores less the more it resembles (cosine) an item already chosen.
+scores less the more it resembles (cosine) an item already chosen. Each
+recall first lets :mod:`runtime.recall.policy` choose its settings: in a
+store of long turns, ``recall.long_store``'s values replace the configured.
 
 Each memory is rendered as one line of text for the prompt (:func:`render`),
 with its dates in the household's time zone.
@@ -49,6 +51,7 @@ from runtime.memories.threads import recall_bonus as thread_bonus
 from runtime.recall import passages as passage_text
 from runtime.recall import temporal as temporal_recall
 from runtime.recall.excerpt import excerpt
+from runtime.recall.policy import StorePolicy
 from runtime.store.database import Row, Store
 from runtime.store.fact_kinds import FactKinds
 from runtime.store.fts import MAX_QUERY_CHARS, TermCounts, match_expression, query_terms
@@ -74,8 +77,6 @@ _RECALLABLE = {kind: where for kind, _, _, where in _FTS_SOURCES}
 TURN_SALIENCE = 5
 # Share of a neighbouring turn's relevance a turn borrows.
 NEIGHBOUR_SHARE = 0.5
-# Weight of the keyword score beside cosine similarity in relevance.
-LEXICAL_WEIGHT = 0.5
 # Keyword hits ranked per memory kind before muted/dead rows are dropped.
 LEXICAL_OVERFETCH = 3
 # Pseudo-relevance feedback (recall.keyword_feedback): the words shared by the
@@ -212,7 +213,9 @@ class Recaller:
         self.index = index
         self.embedder = embedder
         self.kinds = kinds
-        self.settings = settings
+        self.settings = settings  # as configured (tests may change it)
+        self._on = settings  # this recall's: the configured, or chosen by the store's shape
+        self.policy = StorePolicy(store)
         self.clock = clock
         self.zone = household_zone() if zone is None else zone
         # one thread for the keyword stage (its thread ends with this object)
@@ -243,9 +246,11 @@ class Recaller:
         turns among ``exclude`` (the turn path's exclude is the prompt's history:
         the conversation the query is part of)."""
         started = time.perf_counter()
+        # the store's shape may choose other settings (recall.long_store)
+        self._on = self.policy.choose(self.settings)
         now = self.clock.now() if now is None else now
-        max_items = self.settings.max_items if max_items is None else max_items
-        max_tokens = self.settings.max_tokens if max_tokens is None else max_tokens
+        max_items = self._on.max_items if max_items is None else max_items
+        max_tokens = self._on.max_tokens if max_tokens is None else max_tokens
         query = query[:MAX_QUERY_CHARS]
         result = RecallResult(query=query)
         exclude = list(exclude)
@@ -262,7 +267,7 @@ class Recaller:
                 log.warning("recall vector path failed, using keyword fallback: %s", exc)
                 result.degraded, result.reason = True, f"{type(exc).__name__}: {exc}"
                 cands = self._fallback(lexical.result(), now)  # the keywords, found once
-                max_items = min(max_items, self.settings.fallback_items)
+                max_items = min(max_items, self._on.fallback_items)
             skip = set(exclude)
             if skip:
                 cands = [c for c in cands if f"{c.kind}:{c.item_id}" not in skip]
@@ -281,7 +286,7 @@ class Recaller:
         first, each with its weight (``recall.context_query`` for the latest,
         each one before it :data:`CONTEXT_DECAY` times less) and its stored
         vector (None: not indexed yet). None when ``recall.context_query`` is 0."""
-        s = self.settings
+        s = self._on
         if s.context_query <= 0 or s.context_query_turns <= 0:
             return []
         ids = [int(r[5:]) for r in refs if r.startswith("turn:") and r[5:].isdigit()]
@@ -325,9 +330,9 @@ class Recaller:
         labels_by_kind: dict[str, dict[int, float]] = {}
         turn_floor = -math.inf
         for kind in KINDS:
-            labels, sims = self.index.search(kind, qvec, self.settings.candidates)
+            labels, sims = self.index.search(kind, qvec, self._on.candidates)
             labels_by_kind[kind] = {int(lb): float(s) for lb, s in zip(labels, sims)}
-            if kind == "turn" and len(sims) >= self.settings.candidates:
+            if kind == "turn" and len(sims) >= self._on.candidates:
                 turn_floor = float(np.min(sims))
         for kind, sims_by_label in labels_by_kind.items():
             if not sims_by_label:
@@ -350,7 +355,7 @@ class Recaller:
                 log.warning("conversation keywords skipped: %s", type(exc).__name__)
         if expr is None:
             return found
-        k = self.settings.candidates
+        k = self._on.candidates
         context_found, found = found, {}
         for kind, table, source, live in _FTS_SOURCES:
             # rank inside FTS5 first (over-fetching), then keep the recallable rows:
@@ -365,11 +370,11 @@ class Recaller:
             best = max(score for _, score in hits) or 1.0
             for rowid, score in hits:
                 found[(kind, int(rowid))] = max(0.0, float(score) / best)
-        if self.settings.passages:
+        if self._on.passages:
             self._passage_keywords(expr, found)
         for key, score in context_found.items():
             found[key] = found.get(key, 0.0) + score
-        if self.settings.keyword_feedback > 0:
+        if self._on.keyword_feedback > 0:
             try:  # an extra: when it fails, the keywords found stand
                 self._feedback(query, found)
             except apsw.Error as exc:
@@ -380,7 +385,7 @@ class Recaller:
         """The long turns' passages searched for the query's words: a passage
         scores its normalised bm25 (kept under its own key, ``(PASSAGE, id)``),
         and its turn the best of that and its own. ``found`` is filled in place."""
-        k = self.settings.candidates
+        k = self._on.candidates
         hits = list(self.store.conn.execute(
             "SELECT f.rowid, p.transcript_id, f.score FROM (SELECT rowid,"
             " -bm25(passages_fts) AS score FROM passages_fts WHERE passages_fts MATCH ?"
@@ -397,7 +402,7 @@ class Recaller:
 
     def _passage_turns(self, qvec: np.ndarray) -> set[Key]:
         """The turns whose passages the passage index finds nearest the query."""
-        labels, _ = self.index.search(PASSAGE, qvec, self.settings.candidates)
+        labels, _ = self.index.search(PASSAGE, qvec, self._on.candidates)
         if len(labels) == 0:
             return set()
         ids = [int(lb) for lb in labels]
@@ -420,7 +425,7 @@ class Recaller:
                 continue
             mat = np.frombuffer(b"".join(r[4] for r in rows), dtype=np.float32)
             sims = mat.reshape(len(rows), -1) @ qvec
-            value = sims + LEXICAL_WEIGHT * np.fromiter(
+            value = sims + self._on.lexical_weight * np.fromiter(
                 (words.get(r[0], 0.0) for r in rows), dtype=np.float32, count=len(rows))
             turns = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
             # each turn's best passage: by turn, best value first (earliest of equals)
@@ -456,7 +461,7 @@ class Recaller:
         expr = match_expression(" ".join(terms))
         if expr is None:
             return
-        k = self.settings.candidates
+        k = self._on.candidates
         hits = list(self.store.conn.execute(
             "SELECT f.rowid, f.score FROM (SELECT rowid, -bm25(transcript_fts) AS score"
             " FROM transcript_fts WHERE transcript_fts MATCH ? ORDER BY bm25(transcript_fts)"
@@ -465,7 +470,7 @@ class Recaller:
         if not hits:
             return
         best = max(score for _, score in hits) or 1.0
-        share = self.settings.context_query
+        share = self._on.context_query
         for rowid, score in hits:
             found[("turn", int(rowid))] = share * max(0.0, float(score) / best)
 
@@ -505,7 +510,7 @@ class Recaller:
         if not hits:
             return
         best = max(score for _, score in hits) or 1.0
-        share = self.settings.keyword_feedback
+        share = self._on.keyword_feedback
         for rowid, score in hits:
             key = ("turn", int(rowid))
             found[key] = max(found.get(key, 0.0), share * max(0.0, float(score) / best))
@@ -538,8 +543,8 @@ class Recaller:
                         weight=episode_weight(row["level"], row["last_relevant_at"], now,
                                               memory_level=row["memory_level"]),
                         salience=row["salience"], turns=tuple(cites.get(row["id"], ())),
-                        bonus=thread_bonus(row, self.settings.weight_thread)
-                        + congruence_bonus(mood, row["emotion"], self.settings.weight_mood))
+                        bonus=thread_bonus(row, self._on.weight_thread)
+                        + congruence_bonus(mood, row["emotion"], self._on.weight_mood))
             else:
                 for row in self.store.rows(
                         f"SELECT * FROM facts WHERE id IN ({marks}) AND {_RECALLABLE['fact']}",
@@ -648,9 +653,9 @@ class Recaller:
         ``floor``: the similarity below which every turn not in ``known`` lies
         (``_dense``; inf: nothing known of the others)."""
         turn_rows = [c.row for c in cands.values() if c.kind == "turn"]
-        if not turn_rows or NEIGHBOUR_SHARE <= 0 or self.settings.context_turns <= 0:
+        if not turn_rows or NEIGHBOUR_SHARE <= 0 or self._on.context_turns <= 0:
             return
-        neighbour_ids = self._neighbours(turn_rows, self.settings.context_turns)
+        neighbour_ids = self._neighbours(turn_rows, self._on.context_turns)
         # similarities known already: the vector search's hits, the candidates
         sims = {key[1]: sim for key, sim in (known or {}).items() if key[0] == "turn"}
         sims.update((row["id"], cands[("turn", row["id"])].cosine) for row in turn_rows)
@@ -666,7 +671,7 @@ class Recaller:
             if near:
                 cand = cands[("turn", row["id"])]
                 cand.relevance += NEIGHBOUR_SHARE * max(0.0, max(near) - cand.cosine)
-        share = self.settings.neighbour_keywords
+        share = self._on.neighbour_keywords
         if share > 0 and lexical:
             for row in turn_rows:
                 words = max((lexical.get(("turn", i), 0.0) for i in neighbour_ids[row["id"]]),
@@ -678,16 +683,16 @@ class Recaller:
                 lexical: dict[Key, float]) -> list[_Candidate]:
         lexical, words = _without_passages(lexical)
         dense, floor = self._dense(qvec)
-        extra = self._passage_turns(qvec) if self.settings.passages else set()
+        extra = self._passage_turns(qvec) if self._on.passages else set()
         when = (temporal_recall.read(query, now, self.zone)  # a time named or asked for
-                if self.settings.temporal else None)
+                if self._on.temporal else None)
         if when is not None:
             dense.update(temporal_recall.pull_in(self.store, when, qvec, dense.keys() | lexical))
         cands = self._load(set(dense) | set(lexical) | extra, now)
         missing = [k for k in cands if k not in dense]
         dense.update(self._similarities(missing, qvec))
-        passages = self._best_passages(cands, qvec, words) if self.settings.passages else {}
-        gate = self.settings.min_cosine
+        passages = self._best_passages(cands, qvec, words) if self._on.passages else {}
+        gate = self._on.min_cosine
         named = set(query_terms(query))
         kept: dict[Key, _Candidate] = {}
         for key, cand in cands.items():
@@ -699,12 +704,12 @@ class Recaller:
             lexical_gate = cand.lexical > 0 and cand.cosine >= gate - 0.1
             if cand.cosine < gate and not lexical_gate:
                 continue
-            cand.relevance = cand.cosine + LEXICAL_WEIGHT * cand.lexical
+            cand.relevance = cand.cosine + self._on.lexical_weight * cand.lexical
             speaker = cand.row.get("speaker") if cand.kind == "turn" else None
             if speaker and named.intersection(query_terms(speaker)):
-                cand.relevance += self.settings.speaker_bonus
+                cand.relevance += self._on.speaker_bonus
             if when is not None:
-                cand.relevance += (self.settings.weight_temporal
+                cand.relevance += (self._on.weight_temporal
                                    * temporal_recall.bonus(when, cand.kind, cand.row))
             kept[key] = cand
         self._neighbour_cosines(kept, qvec, lexical, dense, floor)
@@ -738,7 +743,7 @@ class Recaller:
     def _final(self, cand: _Candidate) -> float:
         """A candidate's score; an episode's and a fact's are multiplied by their
         layer's weight (``recall.weight_episodes``, ``recall.weight_facts``)."""
-        s = self.settings
+        s = self._on
         score = (s.weight_relevance * cand.relevance + s.weight_recency * cand.weight
                  + s.weight_salience * cand.salience / 10.0 + cand.bonus)
         if cand.kind == "episode":
@@ -753,10 +758,10 @@ class Recaller:
             return []
         scored = sorted(((self._final(c), c) for c in cands),
                         key=lambda sc: (-sc[0], KINDS.index(sc[1].kind), sc[1].item_id))
-        floor = self.settings.relative_floor * scored[0][0]
+        floor = self._on.relative_floor * scored[0][0]
         scored = [sc for sc in scored if sc[0] >= floor]
-        penalty = self.settings.diversity * scored[0][0]
-        alike = self.settings.diversity_similarity * scored[0][0]
+        penalty = self._on.diversity * scored[0][0]
+        alike = self._on.diversity_similarity * scored[0][0]
         items: list[RecallItem] = []
         used = 0
         seared = 0
@@ -766,7 +771,7 @@ class Recaller:
         nearest = np.zeros(len(scored), dtype=np.float32)
         while scored and len(items) < max_items:
             pick = 0
-            if (penalty > 0 or alike > 0) and len(items) >= self.settings.diversity_after:
+            if (penalty > 0 or alike > 0) and len(items) >= self._on.diversity_after:
                 # the best once those of a chosen conversation, and those like
                 # what is chosen, are marked down
                 pick = max(range(len(scored)),
@@ -783,7 +788,7 @@ class Recaller:
             else:
                 nearest = np.delete(nearest, pick)
             if cand.row.get("memory_level") == "seared":  # at most a couple at once
-                if seared >= self.settings.max_seared:
+                if seared >= self._on.max_seared:
                     continue
                 seared += 1
             text = self._text(cand, query)
@@ -831,7 +836,7 @@ class Recaller:
         """A memory's text for the prompt; a long turn's its best passage
         (``recall.passages``) or an excerpt (``recall.excerpt_tokens``,
         :mod:`runtime.recall.excerpt`)."""
-        n = self.settings.excerpt_tokens
+        n = self._on.excerpt_tokens
         if cand.kind == "turn" and cand.passage is not None:  # a long turn's best passage
             content = str(cand.row["content"])
             start, stop = cand.passage
@@ -853,7 +858,7 @@ class Recaller:
             return (cand.row.get("channel") == chosen.row.get("channel")
                     and abs(float(cand.row.get("created_at") or 0)
                             - float(chosen.row.get("created_at") or 0))
-                    <= self.settings.diversity_gap_s)
+                    <= self._on.diversity_gap_s)
         return bool(set(cand.turns).intersection(chosen.turns))
 
 

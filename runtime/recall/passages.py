@@ -37,8 +37,11 @@ class Cut:
 
 
 def configured(settings: RecallSettings) -> Cut | None:
-    """How the settings cut turns (None: ``recall.passages`` is off)."""
-    return Cut(settings.passage_tokens, settings.passage_overlap) if settings.passages else None
+    """How the settings cut turns (None: ``recall.passages`` is off, and so is
+    it in a store of long turns: ``recall.long_store``, runtime.recall.policy)."""
+    on = settings.passages or (settings.long_store_share > 0
+                               and bool(settings.long_store.get("passages")))
+    return Cut(settings.passage_tokens, settings.passage_overlap) if on else None
 
 
 def split(text: str, cut: Cut) -> list[tuple[int, int]]:

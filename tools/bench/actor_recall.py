@@ -10,6 +10,9 @@ For each store size N:
    see ``_common.household_turns``) written with ``Memory.add_turns`` in
    batches of ``--batch`` (256), which commits the rows, embeds them and adds
    them to the hnswlib index; then ``Memory.close()`` saves the index. With
+   ``--long-answers`` the assistant's turns (about 15 %) are paragraphs of
+   household sentences, each over 1,100 characters (longer than MiniLM reads):
+   a store of long turns, where ``recall.long_store`` applies. With
    ``--cache DIR`` the built store is kept in DIR and later runs copy it
    instead of building again.
 2. Start a private local Ray node (no dashboard, bounded object store) and the
@@ -38,11 +41,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import shutil
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +57,7 @@ from actors import supervisor
 from actors.common import RECALL, actor
 from actors.messages import Embed, Recall, Recalled
 from runtime.config import Settings
+from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
 from runtime.store.vector_index import KINDS
 
@@ -65,8 +71,28 @@ META = "bench-store.json"
 
 # -- building (or reusing) a store ----------------------------------------
 
-def store_key(n: int, seed: int) -> str:
-    return f"store-n{n}-seed{seed}-corpus{c.CORPUS_VERSION}"
+# --long-answers: an assistant's turn grows to at least this many characters
+LONG_ANSWER_CHARS = 1100
+
+
+def store_key(n: int, seed: int, long_answers: bool = False) -> str:
+    return f"store-n{n}-seed{seed}-corpus{c.CORPUS_VERSION}" + ("-long" if long_answers else "")
+
+
+def corpus(n: int, seed: int, long_answers: bool = False) -> Iterator[TurnIn]:
+    """The synthetic household's turns; with ``long_answers`` each assistant turn
+    is followed, in the same turn, by household sentences drawn (with their own
+    seed) until it is :data:`LONG_ANSWER_CHARS` long."""
+    pool = ([t.content for t in c.household_turns(500, seed=seed + 1)]
+            if long_answers else [])
+    rng = random.Random(seed + 2)
+    for turn in c.household_turns(n, seed=seed, start=CORPUS_START, span_days=SPAN_DAYS):
+        if long_answers and turn.role == "assistant":
+            text = turn.content
+            while len(text) < LONG_ANSWER_CHARS:
+                text += " " + rng.choice(pool)
+            turn = turn.model_copy(update={"content": text})
+        yield turn
 
 
 def read_meta(data_dir: Path) -> dict[str, Any] | None:
@@ -76,7 +102,8 @@ def read_meta(data_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def build_store(data_dir: Path, n: int, seed: int, batch: int) -> dict[str, Any]:
+def build_store(data_dir: Path, n: int, seed: int, batch: int,
+                long_answers: bool = False) -> dict[str, Any]:
     if data_dir.exists():
         shutil.rmtree(data_dir)
     data_dir.mkdir(parents=True)
@@ -90,7 +117,7 @@ def build_store(data_dir: Path, n: int, seed: int, batch: int) -> dict[str, Any]
     last_print = t0
     pending = []
     done = 0
-    for turn in c.household_turns(n, seed=seed, start=CORPUS_START, span_days=SPAN_DAYS):
+    for turn in corpus(n, seed, long_answers):
         pending.append(turn)
         if len(pending) == batch:
             memory.add_turns(pending)
@@ -111,6 +138,7 @@ def build_store(data_dir: Path, n: int, seed: int, batch: int) -> dict[str, Any]
     if counts["vectors"] != n:
         raise RuntimeError(f"built {counts} but expected {n} vectors")
     meta = {"n": n, "seed": seed, "corpus_version": c.CORPUS_VERSION,
+            "long_answers": long_answers,
             "model": memory.embedder.name, "counts": counts, "batch": batch,
             "build_s": round(build_s, 1), "model_load_s": round(load_s, 2),
             "turns_per_s": round(n / build_s, 1),
@@ -124,15 +152,15 @@ def build_store(data_dir: Path, n: int, seed: int, batch: int) -> dict[str, Any]
 
 
 def prepare_store(n: int, seed: int, batch: int, work: Path,
-                  cache: Path | None) -> tuple[Path, dict[str, Any]]:
+                  cache: Path | None, long_answers: bool = False) -> tuple[Path, dict[str, Any]]:
     """A data directory holding the store of ``n`` memories, ours to change."""
     target = work / f"data-{n}"
     if cache is None:
-        return target, build_store(target, n, seed, batch)
-    cached = cache / store_key(n, seed)
+        return target, build_store(target, n, seed, batch, long_answers)
+    cached = cache / store_key(n, seed, long_answers)
     meta = read_meta(cached)
     if meta is None or meta.get("n") != n or meta.get("counts", {}).get("vectors") != n:
-        meta = build_store(cached, n, seed, batch)
+        meta = build_store(cached, n, seed, batch, long_answers)
         meta["cached"] = False
     else:
         c.log(f"reusing cached store {cached}")
@@ -281,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, default=None,
                     help="keep built stores here and reuse them on later runs")
     ap.add_argument("--json", dest="json_out", default=None, help="write the figures here")
+    ap.add_argument("--long-answers", action="store_true",
+                    help="the assistant's turns are paragraphs (over 1,100 characters):"
+                         " a store of long turns")
     ap.add_argument("--recall", type=json.loads, default={},
                     help='JSON [recall] settings for the measured runtime, e.g.'
                          ' \'{"passages": true, "diversity_similarity": 0.25}\'')
@@ -295,10 +326,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         stores: dict[int, tuple[Path, dict[str, Any]]] = {}
         for n in sizes:
-            stores[n] = prepare_store(n, args.seed, args.batch, work, args.cache)
+            stores[n] = prepare_store(n, args.seed, args.batch, work, args.cache,
+                                      args.long_answers)
         texts: set[str] = set()
-        for turn in c.household_turns(max(sizes), seed=args.seed, start=CORPUS_START,
-                                      span_days=SPAN_DAYS):
+        for turn in corpus(max(sizes), args.seed, args.long_answers):
             texts.add(turn.content)
         all_q = c.household_queries(args.queries + args.warmup, seed=QUERY_SEED, avoid=texts)
         warmup, queries = all_q[:args.warmup], all_q[args.warmup:]
@@ -330,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     c.write_json(args.json_out, {
         "benchmark": "actor_recall", "machine": c.machine(), "wall_s": round(wall_s, 1),
         "params": {"sizes": sizes, "queries": args.queries, "warmup": args.warmup,
+                   "long_answers": args.long_answers, "recall": args.recall,
                    "rounds": args.rounds, "block": args.block, "seed": args.seed,
                    "query_seed": QUERY_SEED, "now": NOW, "kinds": list(KINDS)},
         "results": results})

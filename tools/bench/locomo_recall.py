@@ -99,7 +99,7 @@ from runtime.llm.providers import make_llm  # noqa: E402
 from runtime.memories.transcript import TurnIn  # noqa: E402
 from runtime.memory import Memory  # noqa: E402
 from runtime.mind.contract import JobContext  # noqa: E402
-from runtime.recall import indexing  # noqa: E402
+from runtime.recall import indexing, passages  # noqa: E402
 from runtime.recall.hybrid import Recaller  # noqa: E402
 from runtime.recall.passages import Cut  # noqa: E402
 from runtime.store.database import Row  # noqa: E402
@@ -351,7 +351,8 @@ def passage_cut(base: RecallSettings, grid: Sequence[dict[str, Any]]) -> Cut | N
     if {"passage_tokens", "passage_overlap"} & {k for point in grid for k in point}:
         raise SystemExit("passage_tokens / passage_overlap cannot be grid axes"
                          " (the store is cut once): set them in the config")
-    if base.passages or any(point.get("passages") for point in grid):
+    if passages.configured(base) or any(
+            passages.configured(base.model_copy(update=point)) for point in grid):
         return Cut(base.passage_tokens, base.passage_overlap)
     return None
 

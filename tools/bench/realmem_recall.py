@@ -4,7 +4,8 @@
 Usage:
     tools/bench/realmem_recall.py DIR_OR_FILES... [--persons Kenta_Tanaka,...]
                                   [--json OUT.json] [--cache DIR] [--query turn|alone]
-                                  [--loo] [--grid-axes JSON] [--locomo LOCOMO.json]
+                                  [--loo] [--grid-axes JSON] [--points JSON]
+                                  [--locomo LOCOMO.json]
 
 Each person's ``*_dialogues_256k.json`` is written, turn by turn in time order,
 into a fresh store through the public runtime API (:class:`runtime.memory.Memory`;
@@ -41,7 +42,8 @@ MiniLM cosine and their reciprocal-rank fusion (k = 60).
 model), so a second run embeds nothing it has seen.
 
 ``--loo``: reverie's knobs fitted leave-one-out over the grid
-(:data:`GRID_AXES`, ``--grid-axes`` another; the configured settings are
+(:data:`GRID_AXES`, ``--grid-axes`` another, ``--points`` points beside the
+axes', e.g. ``recall.long_store`` tables; the configured settings are
 point 0): each store is built once, every grid point re-asks the questions
 through a :class:`~runtime.recall.hybrid.Recaller` with the changed settings.
 Over the persons alone, each fold chooses the point with the best mean of
@@ -381,10 +383,24 @@ def _score(recall: Callable[..., RecallResult], q: Query, mode: str,
 
 
 def grid_points(base: RecallSettings,
-                axes_in: dict[str, Sequence[Any]] | None = None) -> list[dict[str, Any]]:
-    axes = {name: tuple(dict.fromkeys((getattr(base, name), *values)))
+                axes_in: dict[str, Sequence[Any]] | None = None,
+                points: Sequence[dict[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Every combination of the axes (the configured value of each first; a
+    value may be a table, e.g. ``long_store``'s), then ``points`` as given
+    (the configured settings first when there are no axes)."""
+    def distinct(values: Sequence[Any]) -> tuple[Any, ...]:
+        return tuple({json.dumps(v, sort_keys=True): v for v in values}.values())
+
+    axes = {name: distinct((getattr(base, name), *values))
             for name, values in (GRID_AXES if axes_in is None else axes_in).items()}
-    return [dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
+    grid = ([dict(zip(axes, combo)) for combo in itertools.product(*axes.values())]
+            if axes_in or not points else [{}])
+    seen = {json.dumps(p, sort_keys=True) for p in grid}
+    for point in points:
+        if json.dumps(point, sort_keys=True) not in seen:
+            grid.append(dict(point))
+            seen.add(json.dumps(point, sort_keys=True))
+    return grid
 
 
 def _realmem_values(by_cat: ByCat) -> list[float]:
@@ -532,6 +548,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="also fit reverie's knobs over GRID_AXES leave-one-out")
     parser.add_argument("--grid-axes", type=json.loads,
                         help="with --loo: JSON {RecallSettings field: [alternative values]}")
+    parser.add_argument("--points", type=json.loads, default=[],
+                        help="with --loo: JSON [{RecallSettings field: value}, ...], grid"
+                             " points beside the axes' (a point is the configured"
+                             " settings changed as it says)")
     parser.add_argument("--locomo", type=Path,
                         help="with --loo: LoCoMo dev JSON; its conversations join the folds")
     parser.add_argument("--weigh", choices=("questions", "datasets"), default="questions",
@@ -557,7 +577,11 @@ def main(argv: list[str] | None = None) -> int:
         unknown = set(args.grid_axes) - set(RecallSettings.model_fields)
         if not isinstance(args.grid_axes, dict) or unknown:
             parser.error(f"--grid-axes: a JSON object of RecallSettings fields ({unknown})")
-    grid = grid_points(settings.recall, args.grid_axes) if args.loo else []
+    for point in args.points:
+        unknown = set(point) - set(RecallSettings.model_fields)
+        if unknown:
+            parser.error(f"--points: not RecallSettings fields: {unknown}")
+    grid = grid_points(settings.recall, args.grid_axes, args.points) if args.loo else []
     grid_by_person: dict[str, list[ByCat]] = {}
     totals = {name: _new_by_cat() for name in (*RETRIEVERS, ALONE)}
     per_person: dict[str, dict[str, Any]] = {}
