@@ -378,3 +378,30 @@ def test_forgetting_an_episode_takes_its_gist_out_of_a_summary_by_its_ref(
     [kept] = [r["id"] for r in memory.store.rows("SELECT id FROM episodes")]
     assert json.loads(memory.store.scalar("SELECT refs FROM compactions")) == [
         f"episode:{kept}"]
+
+
+def test_forgetting_an_episode_forgets_the_roll_ups_above_it(memory: Memory) -> None:
+    """A roll-up's gist is written from its children's gists: forgetting a child
+    episode by hand (not its turns) forgets the roll-up above it and the one
+    above that, with their content in the write log; a sibling stays (tombstoned,
+    as a roll-up's children are), and so does an unrelated apex."""
+    now = memory.store.clock.now()
+    child = an_episode(memory, f"Caroline: {SECRET}.")
+    sibling = an_episode(memory, "Caroline planted tomatoes.")
+    apart = an_episode(memory, "Bob fixed the bike.")
+
+    def roll_up(level: int, gist: str, children: list[int]) -> int:
+        return memory.add_episode(EpisodeIn(channel="voice", source="user", level=level,
+                                            gist=gist, children=children, started_at=now,
+                                            ended_at=now + 60))
+
+    theme = roll_up(1, f"{SECRET}; tomatoes.", [child, sibling])
+    era = roll_up(2, f"A season: {SECRET}.", [theme])
+    assert SECRET in log_text(memory, "episodes")
+
+    memory.change(Ref("episode", child), "delete")
+
+    assert ids(memory, "episodes") == [sibling, apart]
+    assert {theme, era}.isdisjoint(ids(memory, "episodes"))
+    assert SECRET not in log_text(memory, "episodes")
+    assert everywhere(memory, SECRET) == []

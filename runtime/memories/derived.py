@@ -26,7 +26,8 @@ it (the leaf and the roll-ups above it: they cite their children's turns), the
 facts whose provenance names it, and the digests a language model wrote from
 its line (they cite it, ``turn:N``) or for a period holding it; and then, each
 in turn, what was written from those (a model's weekly given a daily note that
-went cites it, ``digest:N``).
+went cites it, ``digest:N``). An episode forgotten by hand takes the roll-ups
+above it the same way: their gists were written from its gist.
 
 Two kinds of row keep other text beside a memory's and are rewritten instead,
 the row kept: a turn's stored tool results (the pull-mode ``recall`` tool's
@@ -118,13 +119,16 @@ class _Gone:
 
     ref: str
     text: str = ""
+    parent: int | None = None   # an episode's roll-up parent, which quotes its gist
 
 
-def forget_citing(store: Store, ref: str, writer: str, text: str = "") -> int:
+def forget_citing(store: Store, ref: str, writer: str, text: str = "",
+                  parent: int | None = None) -> int:
     """Forget everything written from ``ref`` (a fact or an episode just
     forgotten, or a turn about to be: its citations are read first), with its
     write-log content; ``text`` is what it said (a gist, a turn's content, a
-    fact's value). Return how many rows went or were rewritten.
+    fact's value), ``parent`` a forgotten episode's roll-up parent. Return how
+    many rows went or were rewritten.
 
     - The portrait versions and digests citing it (a digest that goes is
       followed: a model's weekly given it as colour cites it), and the
@@ -139,12 +143,14 @@ def forget_citing(store: Store, ref: str, writer: str, text: str = "") -> int:
       and the told-later list in the reflection's state.
     - For a turn: the episodes citing it, the facts whose provenance names it,
       and the digests a language model wrote for a period holding it.
+    - For an episode: the roll-up episode above it (its gist was written from
+      this one's), and so on up.
     - Rewritten, not forgotten: the lines naming it in stored tool results, and
       in compaction summaries the gist citing it and the gists quoting its text.
 
     What goes is followed in turn: a digest citing a ``dmn`` episode goes too."""
     forgotten = 0
-    todo, done = [_Gone(ref, text)], set()
+    todo, done = [_Gone(ref, text, parent)], set()
     with store.write_transaction():
         while todo:
             gone = todo.pop()
@@ -152,6 +158,8 @@ def forget_citing(store: Store, ref: str, writer: str, text: str = "") -> int:
                 continue
             done.add(gone.ref)
             ref = gone.ref
+            if gone.parent is not None:
+                todo.append(_forget_episode(store, gone.parent, writer))
             if ref.startswith("turn:"):
                 todo.extend(_quoting_turn(store, int(ref[5:]), writer))
             replacement = _latest_without(store, ref)
@@ -159,8 +167,7 @@ def forget_citing(store: Store, ref: str, writer: str, text: str = "") -> int:
                 live, logged = citing(store, table, ref)
                 for row_id in live:
                     if table == "episodes":  # the reflection's episode telling a finding
-                        todo.append(_Gone(f"episode:{row_id}",
-                                          _forget_episode(store, row_id, writer)))
+                        todo.append(_forget_episode(store, row_id, writer))
                     else:
                         store.forget(writer, table, row_id)
                 for row_id in logged:
@@ -178,8 +185,7 @@ def forget_citing(store: Store, ref: str, writer: str, text: str = "") -> int:
             _drop_untold(store, list(findings.values()),
                          [ref, *(f"fact:{fact_id}" for fact_id in findings)])
             for episode_id in told:
-                todo.append(_Gone(f"episode:{episode_id}", _forget_episode(store, episode_id,
-                                                                           writer)))
+                todo.append(_forget_episode(store, episode_id, writer))
             forgotten += len(findings) + len(told)
             forgotten += _scrub_tool_results(store, ref, writer)
             forgotten += _rewrite_compactions(store, ref, gone.text, writer)
@@ -197,7 +203,7 @@ def _quoting_turn(store: Store, turn_id: int, writer: str) -> list[_Gone]:
     for row in store.rows("SELECT DISTINCT episode_id FROM episode_citations"
                           " WHERE transcript_id = ? ORDER BY episode_id", (turn_id,)):
         episode_id = int(row["episode_id"])
-        gone.append(_Gone(f"episode:{episode_id}", _forget_episode(store, episode_id, writer)))
+        gone.append(_forget_episode(store, episode_id, writer))
     ref = f"turn:{turn_id}"
     for row in store.rows("SELECT id, value FROM facts f WHERE EXISTS ("
                           " SELECT 1 FROM json_each(f.provenance) j WHERE j.value = ?)"
@@ -219,11 +225,16 @@ def _quoting_turn(store: Store, turn_id: int, writer: str) -> list[_Gone]:
     return gone
 
 
-def _forget_episode(store: Store, episode_id: int, writer: str) -> str:
+def _forget_episode(store: Store, episode_id: int, writer: str) -> _Gone:
     """Forget an episode (as :class:`runtime.memories.episodes.EpisodeService`
-    does, less the cascade: the caller follows it); return its gist."""
+    does, less the cascade: the caller follows it); return it as gone, with its
+    gist and its roll-up parent."""
     row = store.forget(writer, "episodes", episode_id)
-    return "" if row is None else str(row["gist"])
+    if row is None:
+        return _Gone(f"episode:{episode_id}")
+    parent = row["parent_id"]
+    return _Gone(f"episode:{episode_id}", str(row["gist"]),
+                 None if parent is None else int(parent))
 
 
 def _scrub_tool_results(store: Store, ref: str, writer: str) -> int:

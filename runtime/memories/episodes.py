@@ -193,15 +193,18 @@ class EpisodeService:
     def forget(self, episode_id: int, writer: str = WRITER) -> Row | None:
         """Delete an episode for good, content scrubbed from the write log; return
         it, or None if there was none. Its citations go with it (they hold only
-        ids); episodes it rolled up lose their parent and stay tombstoned. The
+        ids); episodes it rolled up lose their parent and stay tombstoned; the
+        roll-up above it, whose gist was written from its gist, is forgotten with
+        it (and so on up). The
         portrait versions and digests citing it are forgotten with it, and its
         gist leaves the compaction summaries and its lines the stored tool
         results (:mod:`runtime.memories.derived`)."""
         with self.store.write_transaction():
             gone = self.store.forget(writer, "episodes", episode_id)
             if gone is not None:
+                parent = gone["parent_id"]
                 derived.forget_citing(self.store, f"episode:{episode_id}", writer,
-                                      str(gone["gist"]))
+                                      str(gone["gist"]), None if parent is None else int(parent))
             return gone
 
     def citations(self, episode_id: int) -> list[int]:
