@@ -354,6 +354,23 @@ def test_a_digest_given_a_turn_now_disabled_is_not_shown(memory: Memory) -> None
     assert shown(memory.store, memory.digests.listed()) == []
 
 
+def test_a_digest_given_a_hidden_digest_is_not_shown(memory: Memory) -> None:
+    """A model's weekly given a daily note (``digest:N``) is hidden when the daily
+    is, here because its turn was marked sensitive; a weekly given a daily that is
+    no longer stored (pruned after its roll-up) still shows."""
+    turn = a_turn(memory, "Caroline booked the vet for the cat.")
+    day = digest(memory, "day", "2026-06-01", "The vet is booked.", [f"turn:{turn}"])
+    other = digest(memory, "day", "2026-06-02", "Tomatoes.", [])
+    week = digest(memory, "week", "2026-W22", "A week of the vet.", [f"digest:{day}"])
+    month = digest(memory, "month", "2026-06", "June.", [f"digest:{week}"])
+    pruned_day = digest(memory, "week", "2026-W23", "Tomatoes all week.", [f"digest:{other}"])
+    memory.write_digests(DigestBatch(prune=[other]))
+    assert {d.id for d in shown(memory.store, memory.digests.listed())} == {
+        day, week, month, pruned_day}
+    memory.change(Ref("turn", turn), "sensitive")
+    assert [d.id for d in shown(memory.store, memory.digests.listed())] == [pruned_day]
+
+
 def test_forgetting_an_episode_takes_its_gist_out_of_a_summary_by_its_ref(
         memory: Memory, clock: ManualClock) -> None:
     """Consolidate's summary cites the episode of each gist: the gist goes with

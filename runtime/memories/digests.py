@@ -193,10 +193,20 @@ def hidden_episodes(store: Store, refs: Iterable[str]) -> set[str]:
     return hidden
 
 
-def shown(store: Store, digests: Sequence[Digest]) -> list[Digest]:
+def shown(store: Store, digests: Sequence[Digest], depth: int = len(PERIODS)) -> list[Digest]:
     """The digests none of whose episodes or turns has become private or gone by
-    the user's hand."""
+    the user's hand, and none of whose cited digests (a language model's weekly
+    given its daily notes, ``digest:N``) is hidden in turn. A cited digest that
+    is no longer stored (pruned after its roll-up) hides nothing: a forgotten
+    one took its citers with it (:mod:`runtime.memories.derived`)."""
     hidden = hidden_episodes(store, (r for d in digests for r in d.refs))
+    cited = sorted({int(r[7:]) for d in digests for r in d.refs if r.startswith("digest:")})
+    if cited and depth > 0:
+        marks = ",".join("?" for _ in cited)
+        given = [Digest.of(r) for r in store.rows(
+            f"SELECT * FROM {TABLE} WHERE id IN ({marks})", cited)]
+        kept = {d.id for d in shown(store, given, depth - 1)}
+        hidden.update(f"digest:{d.id}" for d in given if d.id not in kept)
     return [d for d in digests if not hidden.intersection(d.refs)]
 
 
