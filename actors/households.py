@@ -116,6 +116,22 @@ class Served:
                     del self._busy[household]
                 self._evict()
 
+    def close(self, household: str) -> bool:
+        """Close ``household`` now if it is open (``reverie household stop``);
+        BadRequest while a request or a job run is under way in it."""
+        with self._lock:
+            found = self._open.get(household)
+            if found is None:
+                return False
+            if self._busy.get(household) or _is_busy(found):
+                raise BadRequest(f"household {household!r} is busy; try again")
+            del self._open[household]
+            self.closed += 1
+        close = getattr(found, "close", None)
+        if close is not None:
+            close()
+        return True
+
     def hub(self) -> Any:
         with self._lock:
             return self._instance(HUB_HOUSEHOLD)
@@ -145,6 +161,15 @@ class HouseholdRouter:
 
     def ping(self, msg: object = None) -> str:
         return "ok"
+
+    def close_household(self, msg: object = None) -> bool:
+        """Close the household ``msg`` names if open here (``reverie household
+        stop`` / ``delete``: the registry says it is stopped first, so it is
+        not opened again); the hub's own is never closed."""
+        household = household_of(msg)
+        if household == HUB_HOUSEHOLD:
+            raise BadRequest("the hub's own household is not closed")
+        return self.served.close(household)
 
     def households(self, msg: object = None) -> dict[str, Any]:
         """Which households are open here, and how many were opened and closed."""
@@ -262,6 +287,7 @@ def serving(one: type, name: str, hub_only: bool = False,
                              "__module__": one.__module__, "__qualname__": name}
     for attr, fn in inspect.getmembers(one, inspect.isfunction):
         if attr.startswith("_") or attr in ("ping", "close", "households", "busy", "sweep",
+                                                   "close_household",
                                                    "stop"):
             continue
         attrs[attr] = _broadcast(attr) if attr in BROADCAST else _forward(attr, fn)

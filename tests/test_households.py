@@ -30,6 +30,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp_types import CallToolResult, TextContent
 
 from actors import supervisor
+from actors.cli.main import parser
 from actors.common import BadRequest
 from actors.handles import CronClient, HttpClient, RecallClient, TranscriptClient
 from actors.http.app import load_or_create_token, token_path
@@ -280,6 +281,43 @@ def test_jobs_run_per_household_behind_its_own_gate(hub: Hub) -> None:
     # the run is recorded in quiet's own store, and nowhere else
     assert job_runs(hub, "quiet") == [("ok", "ok")]
     assert job_runs(hub, "alpha") == [] and job_runs(hub, HUB_HOUSEHOLD) == []
+
+
+# -- reverie household add | stop | export | delete --------------------------------------
+
+def household(hub: Hub, *argv: str) -> int:
+    """``reverie household ...`` as the command runs it, on the module's runtime."""
+    args = parser().parse_args(["household", *argv])
+    return int(args.func(args, hub.settings))
+
+
+def test_a_household_is_added_stopped_exported_and_deleted(hub: Hub, tmp_path: Path) -> None:
+    assert household(hub, "add", "gone-soon") == 0
+    token = token_path(hub.registry.settings_for("gone-soon")).read_text().strip()
+    tell("gone-soon", "The attic ladder creaks on the third step.")
+    assert "creaks" in recalled("gone-soon", "attic ladder step")
+    copy = tmp_path / "gone-soon.db"
+    assert household(hub, "export", "gone-soon", "--to", str(copy)) == 0
+    assert stat.S_IMODE(copy.stat().st_mode) == 0o600
+    with sqlite3.connect(f"file:{copy}?mode=ro", uri=True) as db:
+        assert [r[0] for r in db.execute("SELECT content FROM transcript")] == [
+            "The attic ladder creaks on the third step."]
+    # stopped: closed by every owner, refused by them and by the HTTP server
+    assert household(hub, "stop", "gone-soon") == 0
+    with pytest.raises(BadRequest, match="not served"):
+        recalled("gone-soon", "attic ladder")
+    assert get(hub, "gone-soon", "/v1/recall", token, q="attic").status_code == 404
+    # added again: served from its store as it was
+    assert household(hub, "add", "gone-soon") == 0
+    assert "creaks" in recalled("gone-soon", "attic ladder step")
+    assert "creaks" in texts(get(hub, "gone-soon", "/v1/recall", token, q="attic ladder"))
+    # deleted for good
+    assert household(hub, "delete", "gone-soon", "--yes") == 0
+    assert not (hub.registry.root / "gone-soon").exists()
+    with pytest.raises(BadRequest, match="not served"):
+        recalled("gone-soon", "attic ladder")
+    with pytest.raises(ValueError, match="not a household id"):
+        household(hub, "add", "../gone")
 
 
 # -- the registry, in process ---------------------------------------------------------

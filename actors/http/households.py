@@ -71,13 +71,19 @@ class HouseholdsApp:
         self.registry = Households(settings)
         self.build = build
         self._apps: dict[str, Any] = {}
-        self._lifespans: list[_Lifespan] = []
+        self._lifespans: dict[str, _Lifespan] = {}
         self._lock: asyncio.Lock | None = None
 
     async def _app_of(self, household: str) -> Any | None:
         try:
             check_id(household)
         except ValueError:
+            return None
+        if not self.registry.known(household):  # stopped or deleted since: not served
+            self._apps.pop(household, None)
+            life = self._lifespans.pop(household, None)
+            if life is not None:
+                await life.stop()
             return None
         found = self._apps.get(household)
         if found is not None:
@@ -96,7 +102,7 @@ class HouseholdsApp:
             if life.failed:
                 log.error("http: household app did not start: %s", life.failed)
                 return None
-            self._lifespans.append(life)
+            self._lifespans[household] = life
             self._apps[household] = app
             return app
 
@@ -124,7 +130,7 @@ class HouseholdsApp:
 
         async def sending(message: dict[str, Any]) -> None:
             if message["type"] == "lifespan.shutdown.complete":
-                for life in self._lifespans:
+                for life in list(self._lifespans.values()):
                     await life.stop()
             await send(message)
 

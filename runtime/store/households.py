@@ -30,11 +30,12 @@ from runtime.store.fact_kinds import FactKinds
 from runtime.store.files import private_dir, write_private
 
 MARKER = "household.json"
+STOPPED = "stopped"  # beside the marker: registered, not served (``reverie household stop``)
 HOUSEHOLDS_DIR = "households"
 _ID = re.compile(HOUSEHOLD_ID)
 
 
-class UnknownHousehold(LookupError):
+class UnknownHousehold(ValueError):
     """No such household is served here."""
 
 
@@ -70,14 +71,17 @@ class Households:
         check_id(household)
         if household == HUB_HOUSEHOLD:
             return True
-        return self.enabled and (self.root / household / MARKER).is_file()
+        where = self.root / household
+        return (self.enabled and (where / MARKER).is_file()
+                and not (where / STOPPED).exists())
 
     def ids(self) -> list[str]:
         """Every household served here, ``home`` first."""
         others: list[str] = []
         if self.enabled and self.root.is_dir():
             others = sorted(p.name for p in self.root.iterdir()
-                            if _ID.fullmatch(p.name) and (p / MARKER).is_file())
+                            if _ID.fullmatch(p.name) and (p / MARKER).is_file()
+                            and not (p / STOPPED).exists())
         return [HUB_HOUSEHOLD, *(h for h in others if h != HUB_HOUSEHOLD)]
 
     def replica_url(self, household: str) -> str:
@@ -107,7 +111,8 @@ class Households:
 
     def add(self, household: str, now: float | None = None) -> Path:
         """Register ``household``: its directory (0700) and marker (0600). Adding
-        one that exists changes nothing; ``home`` is the hub's and is not added."""
+        one that exists changes nothing but to serve it again when it was
+        stopped; ``home`` is the hub's and is not added."""
         check_id(household)
         if household == HUB_HOUSEHOLD:
             raise ValueError(f"{HUB_HOUSEHOLD!r} is the hub's own household")
@@ -126,13 +131,27 @@ class Households:
             write_private(marker, json.dumps({"id": household,
                                               "created_at": time.time() if now is None
                                               else now}) + "\n")
+        (where / STOPPED).unlink(missing_ok=True)
         return where
+
+    def registered(self, household: str) -> bool:
+        """Whether ``household`` was added here (stopped or not)."""
+        check_id(household)
+        return household != HUB_HOUSEHOLD and (self.root / household / MARKER).is_file()
+
+    def stop(self, household: str) -> None:
+        """No longer serve ``household`` (its data stays; :meth:`add` serves it again)."""
+        if household == HUB_HOUSEHOLD:
+            raise ValueError(f"{HUB_HOUSEHOLD!r} is the hub's own household")
+        if not self.registered(household):
+            raise UnknownHousehold(f"no household {household!r} here")
+        write_private(self.dir_of(household) / STOPPED, "")
 
     def delete(self, household: str) -> None:
         """Remove ``household`` for good: its directory and everything in it.
         The owners must have closed it first (``reverie household delete``)."""
         if household == HUB_HOUSEHOLD:
             raise ValueError(f"{HUB_HOUSEHOLD!r} is the hub's own household")
-        if not self.known(household):
+        if not self.registered(household):
             raise UnknownHousehold(f"no household {household!r} here")
         shutil.rmtree(self.dir_of(household))
