@@ -530,9 +530,10 @@ class HouseholdCron:
             self._queued.notify_all()
 
     def busy(self) -> bool:
-        """A run queued or running: the actor does not close this household now."""
+        """A run queued or running, or a scheduled prompt being answered: the
+        actor does not close this household now."""
         with self._lock:
-            return bool(self._pending)
+            return bool(self._pending or self._asking)
 
     def close(self) -> None:
         """Closed by the actor (least recently used; never while busy)."""
