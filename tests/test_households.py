@@ -237,6 +237,37 @@ def test_openai_chat_stays_in_its_household(hub: Hub) -> None:
                 model="assistant", messages=[{"role": "user", "content": "hello"}])
 
 
+def test_turns_ollama_and_streams_stay_in_their_household(hub: Hub) -> None:
+    import ollama
+
+    for household, other in (("alpha", "beta"), ("beta", "alpha")):
+        headers = {"Authorization": f"Bearer {hub.tokens[household]}",
+                   "X-Reverie-Channel": "voice"}
+        base = f"{hub.base}/households/{household}"
+        with httpx.Client(base_url=base, headers=headers, timeout=120) as client:
+            for ask, wanted in ((ASK[household], True), (ASK[other], False)):
+                turn = client.post("/v1/turns", json={"text": ask, "channel": "voice"})
+                assert turn.status_code == 200, turn.text
+                assert (MARK[household] in turn.json()["text"]) is wanted
+                assert MARK[other] not in turn.json()["text"]
+        chat = ollama.Client(host=base, headers=headers)
+        for stream in (False, True):
+            for ask, wanted in ((ASK[household], True), (ASK[other], False)):
+                messages = [{"role": "user", "content": ask}]
+                if stream:
+                    said = "".join(p.message.content or "" for p in chat.chat(
+                        model="reverie", stream=True, messages=messages))
+                else:
+                    said = chat.chat(model="reverie", messages=messages).message.content or ""
+                assert (MARK[household] in said) is wanted and MARK[other] not in said
+        streamed = openai.OpenAI(base_url=f"{base}/v1", api_key=hub.tokens[household],
+                                 max_retries=0).chat.completions.create(
+            model="assistant", stream=True, extra_headers={"X-Reverie-Channel": "voice"},
+            messages=[{"role": "user", "content": ASK[household]}])
+        said = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        assert MARK[household] in said and MARK[other] not in said
+
+
 # -- the owners' LRU ------------------------------------------------------------------
 
 def test_more_households_than_max_open_all_answer(hub: Hub) -> None:
@@ -280,6 +311,18 @@ def test_jobs_run_per_household_behind_its_own_gate(hub: Hub) -> None:
     assert ticked.started == ["ok"] and [r.outcome for r in ticked.runs] == ["ok"]
     # the run is recorded in quiet's own store, and nowhere else
     assert job_runs(hub, "quiet") == [("ok", "ok")]
+    assert job_runs(hub, "alpha") == [] and job_runs(hub, HUB_HOUSEHOLD) == []
+
+
+def test_the_sweep_ticks_every_household_but_the_hubs(hub: Hub) -> None:
+    hub.registry.add("swept")
+    now = time.time()
+    for household in hub.registry.ids():  # every other one: its user was just here
+        if household not in (HUB_HOUSEHOLD, "swept"):
+            CronClient(NS, household=household).activity(Activity(at=now))
+    ticked = ray.get(ray.get_actor("cron", namespace=NS).sweep.remote(), timeout=300)
+    assert set(ticked) == set(hub.registry.ids()) - {HUB_HOUSEHOLD}
+    assert job_runs(hub, "swept") == [("ok", "ok")]
     assert job_runs(hub, "alpha") == [] and job_runs(hub, HUB_HOUSEHOLD) == []
 
 
