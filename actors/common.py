@@ -151,6 +151,7 @@ class Notifier:
         self._cond = threading.Condition()
         self._wanted = False  # a notification is due and not sent yet
         self._busy = False  # one is being sent or is in flight
+        self._closed = False  # closed: the thread ends (an owner closed a household)
         self._thread: threading.Thread | None = None
 
     def __call__(self) -> None:
@@ -165,8 +166,10 @@ class Notifier:
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._wanted:
+                while not self._wanted and not self._closed:
                     self._cond.wait()
+                if self._closed:
+                    return
                 self._wanted = False
                 self._busy = True
             try:
@@ -192,6 +195,13 @@ class Notifier:
             ray.get(pending, timeout=0)
         except Exception as exc:  # logged, never raised: the next sync catches up
             log.warning("%s notification failed: %s", self.what, type(exc).__name__)
+
+    def close(self) -> None:
+        """End the notifier's thread (what is due is not sent: the next sync
+        catches up)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
 
     def flush(self, timeout: float = 30.0) -> None:
         """Wait (at most ``timeout`` seconds) until every notification asked

@@ -62,6 +62,7 @@ from actors import metrics
 from actors.cluster.placement import job_options
 from actors.common import BadRequest, accept, open_store, setup_logging, unwrap
 from actors.handles import TranscriptClient, TurnsClient
+from actors.households import serving
 from actors.job_actor import JobActor
 from actors.job_snapshot import read_queue, replace_queue
 from actors.messages import (
@@ -93,7 +94,7 @@ from actors.messages import (
     Ticked,
     UserTurn,
 )
-from runtime.config import Settings
+from runtime.config import HUB_HOUSEHOLD, Settings
 from runtime.llm.queue import QUEUE_DIR
 from runtime.memories.transcript import TurnIn
 from runtime.mind import registry as jobs
@@ -134,7 +135,9 @@ class _Pending:
     run: jobs.Run | None = None
 
 
-class CronActor:
+class HouseholdCron:
+    """The Cron actor's work for one household (``actors/households.py``)."""
+
     def __init__(self, settings: Settings, clock: Clock | None = None,
                  background: bool = True) -> None:
         setup_logging(settings, "cron")
@@ -156,14 +159,17 @@ class CronActor:
         self._retry_at = 0.0  # (monotonic) when the loop tries an overdue reminder again
         self._prompts = ThreadPoolExecutor(max_workers=PROMPT_WORKERS,
                                            thread_name_prefix="cron-prompts")
-        self.transcript = TranscriptClient(self.namespace)
-        self.turns = TurnsClient(self.namespace, PROMPT_TIMEOUT_S)
+        household = settings.household.id
+        self.transcript = TranscriptClient(self.namespace, household=household)
+        self.turns = TurnsClient(self.namespace, PROMPT_TIMEOUT_S, household=household)
         with self._lock:
             closed = jobs.close_interrupted(self.store, self.clock.now())
         if closed:
             log.warning("%d job runs were interrupted by a restart: recorded failed", closed)
         self._threads = [threading.Thread(target=self._serve, name="cron-jobs", daemon=True)]
-        if background:
+        # the hub's household ticks itself; the others are ticked by the actor's
+        # sweep, one household at a time (actors/households.py)
+        if background and household == HUB_HOUSEHOLD:
             self._threads.append(
                 threading.Thread(target=self._loop, name="cron-ticks", daemon=True))
         for thread in self._threads:
@@ -523,5 +529,23 @@ class CronActor:
         with self._queued:
             self._queued.notify_all()
 
+    def busy(self) -> bool:
+        """A run queued or running, or a scheduled prompt being answered: the
+        actor does not close this household now."""
+        with self._lock:
+            return bool(self._pending or self._asking)
+
+    def close(self) -> None:
+        """Closed by the actor (least recently used; never while busy)."""
+        self.stop()
+        with self._lock:
+            self.store.close()
+
     def ping(self) -> str:
         return "ok"
+
+
+# The actor: every household's idle gate, reminders and job runs; the hub's
+# household ticks itself, the others are ticked in turn by the actor's sweep
+# (every jobs.check_every_s, one household's runs at a time: actors/households.py).
+CronActor = serving(HouseholdCron, "CronActor", sweep=True)

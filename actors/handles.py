@@ -93,6 +93,7 @@ from actors.messages import (
     Remind,
     Reminded,
     ReminderList,
+    Request,
     RunJob,
     SaveJobState,
     SaveLLMQueue,
@@ -113,7 +114,9 @@ from actors.messages import (
     WriteDigests,
     WriteLogExpired,
 )
+from runtime.config import HUB_HOUSEHOLD
 from runtime.memories.refs import MemoryService, NoSuchItem, change, edit
+from runtime.store.households import check_id
 
 log = logging.getLogger(__name__)
 
@@ -141,18 +144,37 @@ class ActorClient:
     name: ClassVar[str]
 
     def __init__(self, namespace: str, timeout_s: float = CALL_TIMEOUT_S,
-                 handle: Any = None) -> None:
+                 handle: Any = None, household: str = HUB_HOUSEHOLD) -> None:
         self.namespace = namespace
         self.timeout_s = timeout_s
+        self.household = check_id(household)
         self._handle: Any = handle
         self._lock = threading.Lock()  # clients are shared by a threaded actor's threads
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.namespace!r})"
+        return f"{type(self).__name__}({self.namespace!r}, household={self.household!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
         # sent elsewhere (a task, another actor), a client looks its actor up there
-        return (type(self), (self.namespace, self.timeout_s))
+        return (type(self), (self.namespace, self.timeout_s, None, self.household))
+
+    def _ours(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The call's request filled with this client's household. A request that
+        names another household is refused here (BadRequest): a client never
+        carries one household's request to another's store."""
+        if not args or not isinstance(args[0], Request):
+            return args
+        msg = args[0]
+        if msg.household == self.household:
+            return args
+        if "household" in msg.model_fields_set:
+            raise BadRequest(f"a request for household {msg.household!r} sent through "
+                             f"a client of household {self.household!r}")
+        return (msg.model_copy(update={"household": self.household}), *args[1:])
+
+    def _nothing(self) -> Request:
+        """A request that says only which household (for calls without a message)."""
+        return Request(household=self.household)
 
     @property
     def handle(self) -> Any:
@@ -174,7 +196,7 @@ class ActorClient:
 
     def submit(self, method: str, *args: Any) -> Any:
         """Send a call without waiting; return its object ref."""
-        return getattr(self.handle, method).remote(*args)
+        return getattr(self.handle, method).remote(*self._ours(args))
 
     def call(self, method: str, *args: Any, reply: type[R], retry: bool = False,
              timeout: float | None = None) -> R:
@@ -182,6 +204,7 @@ class ActorClient:
         to repeat, so it is sent once more after the actor was found gone."""
         wait = self.timeout_s if timeout is None else timeout
         attempts = 2 if retry else 1
+        args = self._ours(args)
         for attempt in range(attempts):
             handle = self.handle
             try:
@@ -225,7 +248,7 @@ class TranscriptClient(ActorClient):
         return self.call("edit", msg, reply=Ack)
 
     def counts(self, timeout: float | None = None) -> dict[str, int]:
-        return self.call("counts", reply=dict, retry=True, timeout=timeout)
+        return self.call("counts", self._nothing(), reply=dict, retry=True, timeout=timeout)
 
     def compact(self, msg: Compact) -> Compacted:
         return self.call("compact", msg, reply=Compacted)
@@ -239,7 +262,7 @@ class TranscriptClient(ActorClient):
         return self.call("expire_write_log", msg, reply=WriteLogExpired, retry=True)
 
     def flush(self) -> Ack:
-        return self.call("flush", reply=Ack, retry=True)
+        return self.call("flush", self._nothing(), reply=Ack, retry=True)
 
     def record_fixes(self, msg: RecordFixes) -> FixesStored:
         # repeatable: a fix already stored is ignored
@@ -288,11 +311,11 @@ class RecallClient(ActorClient):
 
     def pending(self) -> int:
         """Memory items still waiting for a vector."""
-        return self.call("pending", None, reply=int, retry=True)
+        return self.call("pending", self._nothing(), reply=int, retry=True)
 
     def clear(self) -> Ack:
         """Drop every vector; syncs re-embed everything."""
-        return self.call("clear", None, reply=Ack, retry=True)
+        return self.call("clear", self._nothing(), reply=Ack, retry=True)
 
     def before_forget(self, kind: Kind, item_id: int) -> None:
         """Take an item out of the index before its row is deleted (the delete
@@ -334,7 +357,7 @@ class RecallClient(ActorClient):
 
     def sync_some_async(self) -> Any:
         """A writer's "there is news" notification; returns its object ref."""
-        return self.submit("sync_some")
+        return self.submit("sync_some", self._nothing())
 
     def drop_async(self, msg: DropFromIndex) -> Any:
         return self.submit("drop", msg)
@@ -406,7 +429,8 @@ class TurnsClient(ActorClient):
         """The turn's reply piece by piece as the actor yields it (a Ray
         streaming generator), ending with the stored :class:`TurnReply`. An
         error in the actor is raised from the iterator, as itself."""
-        gen = self.handle.process_stream.options(num_returns="streaming").remote(msg)
+        gen = self.handle.process_stream.options(num_returns="streaming").remote(
+            *self._ours((msg,)))
         for ref in gen:
             try:
                 out = ray.get(ref, timeout=self.timeout_s)
@@ -418,7 +442,7 @@ class TurnsClient(ActorClient):
 
     def waiting(self) -> dict[str, int]:
         """Per busy channel, the turns waiting behind the one running."""
-        return self.call("waiting", reply=dict, retry=True)
+        return self.call("waiting", self._nothing(), reply=dict, retry=True)
 
 
 class CronClient(ActorClient):
@@ -500,12 +524,13 @@ OWNER_CLIENTS: dict[str, type[TranscriptClient | EpisodesClient | GraphClient]] 
 }
 
 
-def owner(ref: str, namespace: str,
-          timeout_s: float = CALL_TIMEOUT_S) -> TranscriptClient | EpisodesClient | GraphClient:
-    """A client of the actor that owns ``ref`` (``turn:12``, ``episode:3``, ``fact:7``)."""
+def owner(ref: str, namespace: str, timeout_s: float = CALL_TIMEOUT_S,
+          household: str = HUB_HOUSEHOLD) -> TranscriptClient | EpisodesClient | GraphClient:
+    """A client of the actor that owns ``ref`` (``turn:12``, ``episode:3``, ``fact:7``)
+    in ``household``."""
     kind = ref.partition(":")[0]
     try:
-        return OWNER_CLIENTS[kind](namespace, timeout_s)
+        return OWNER_CLIENTS[kind](namespace, timeout_s, household=household)
     except KeyError:
         raise ValueError(f"{ref!r} is not a memory ref (turn:, episode: or fact:)") from None
 

@@ -56,7 +56,8 @@ log = logging.getLogger(__name__)
 def shared_embedder(settings: Settings) -> Embedder | None:
     """The Recall actor's model, or None when that actor cannot be reached."""
     try:
-        return RemoteEmbedder(RecallClient(settings.runtime.namespace),
+        return RemoteEmbedder(RecallClient(settings.runtime.namespace,
+                                            household=settings.household.id),
                               batch=settings.embedder.batch_size)
     except Exception as exc:  # no Recall actor (a Cron alone, in tests), or gone
         log.warning("the Recall actor is not reachable (%s): a job that embeds "
@@ -120,7 +121,8 @@ class JobActor:
         clock: Clock = SystemClock() if now is None else ManualClock(now)
         with contextlib.ExitStack() as stack:
             settings, store = self._store(stack, clock, off_hub(hub_node))
-            ctx = JobContext(store=store, writer=RemoteWriter(settings.runtime.namespace),
+            ctx = JobContext(store=store, writer=RemoteWriter(settings.runtime.namespace,
+                                                                household=settings.household.id),
                              llm=make_llm(settings.llm, LLMHealth(
                                  settings.store.resolved_dir, clock)), clock=clock,
                              settings=settings, budget_s=settings.jobs.budget_s,

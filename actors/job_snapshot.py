@@ -233,7 +233,7 @@ def snapshot(settings: Settings, clock: Clock, cron: CronClient | None = None
     swept = sweep()
     if swept:
         log.info("removed %d snapshot directories left by killed runs", swept)
-    cron = cron or CronClient(settings.runtime.namespace)
+    cron = cron or CronClient(settings.runtime.namespace, household=settings.household.id)
     scratch = Path(tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=scratch_root()))
     try:
         local = settings_in(settings, scratch)

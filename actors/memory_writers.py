@@ -18,6 +18,7 @@ from actors.common import (
 )
 from actors.duplicate_finder import duplicate_check
 from actors.handles import RecallClient, change_memory, edit_memory
+from actors.households import serving
 from actors.messages import (
     Ack,
     AddEpisode,
@@ -58,11 +59,13 @@ from runtime.store.fact_kinds import FactKinds
 log = logging.getLogger(__name__)
 
 
-class EpisodesActor:
+class HouseholdEpisodes:
+    """The Episodes actor's work for one household (``actors/households.py``)."""
+
     def __init__(self, settings: Settings) -> None:
         setup_logging(settings, "episodes")
         self.store = open_store(settings)
-        self.recall = RecallClient(settings.runtime.namespace)
+        self.recall = RecallClient(settings.runtime.namespace, household=settings.household.id)
         self.episodes = EpisodeService(self.store, load_profiles(settings),
                                        duplicate_check(self.store, self.recall, settings))
         self.notify_recall = Notifier(self.recall.sync_some_async, "recall.sync_some")
@@ -133,15 +136,21 @@ class EpisodesActor:
         vector is dropped and the new gist embedded. The ack's detail is its ref."""
         return edit_memory(self.recall, self.episodes, accept(EditMemory, msg), "episode")
 
+    def close(self) -> None:
+        self.notify_recall.close()
+        self.store.close()
+
     def ping(self) -> str:
         return "ok"
 
 
-class GraphActor:
+class HouseholdGraph:
+    """The Graph actor's work for one household (``actors/households.py``)."""
+
     def __init__(self, settings: Settings) -> None:
         setup_logging(settings, "graph")
         self.store = open_store(settings)
-        self.recall = RecallClient(settings.runtime.namespace)
+        self.recall = RecallClient(settings.runtime.namespace, household=settings.household.id)
         self.graph = GraphService(self.store, FactKinds.load(settings.memory.fact_kinds_file),
                                   load_profiles(settings),
                                   duplicate_check(self.store, self.recall, settings))
@@ -200,3 +209,12 @@ class GraphActor:
 
     def ping(self) -> str:
         return "ok"
+
+    def close(self) -> None:
+        self.notify_recall.close()
+        self.store.close()
+
+
+# The actors: the households each serves (actors/households.py).
+EpisodesActor = serving(HouseholdEpisodes, "EpisodesActor")
+GraphActor = serving(HouseholdGraph, "GraphActor")

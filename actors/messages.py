@@ -55,7 +55,8 @@ older senders keep working.
 
 ``ChangeMemory`` and ``EditMemory`` go to the actor that owns the ref's kind
 (``actors.common.OWNERS``: ``turn:`` Transcript, ``episode:`` Episodes,
-``fact:`` Graph). Typed clients for every row are in ``actors/handles.py``.
+``fact:`` Graph). Every request (:class:`Request`) carries the household it is
+for. Typed clients for every row are in ``actors/handles.py``.
 Actors validate what arrives again (``actors.common.accept``): a message built
 without validation is refused with ``BadRequest``, never trusted.
 """
@@ -67,6 +68,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from runtime.config import HOUSEHOLD_ID, HUB_HOUSEHOLD
 from runtime.memories.digests import DigestBatch
 from runtime.memories.episodes import EpisodeIn
 from runtime.memories.facts import FactIn
@@ -91,6 +93,16 @@ class Message(BaseModel):
     v: Literal[1] = 1
 
 
+class Request(Message):
+    """A request: it names the household it is for (``household``, checked by
+    :data:`runtime.config.HOUSEHOLD_ID`; the hub's own, ``home``, unless it
+    says otherwise). An owner serves it from that household's store only, and
+    refuses a household it does not serve (``actors/households.py``); the
+    typed clients fill it with theirs (``actors/handles.py``)."""
+
+    household: str = Field(default=HUB_HOUSEHOLD, pattern=HOUSEHOLD_ID)
+
+
 class Ack(Message):
     ok: bool = True
     detail: str | None = None
@@ -98,7 +110,7 @@ class Ack(Message):
 
 # -- transcript -------------------------------------------------------------
 
-class AppendTurns(Message):
+class AppendTurns(Request):
     """Append turns, all or nothing, in one write transaction.
 
     A turn's ``request_id`` (optional) makes a retry idempotent. ``citations``
@@ -135,7 +147,7 @@ class TurnsAppended(Message):
     ids: list[int]
 
 
-class RecentTurns(Message):
+class RecentTurns(Request):
     channel: str
     limit: int = Field(default=10, ge=0, le=200)
 
@@ -158,7 +170,7 @@ class TurnList(Message):
 
 # -- embedding (the Recall actor holds the model) -------------------------
 
-class Embed(Message):
+class Embed(Request):
     texts: list[str] = Field(max_length=MAX_BATCH)
 
 
@@ -183,7 +195,7 @@ class Embedded(Message):
 
 # -- recall -----------------------------------------------------------------
 
-class Recall(Message):
+class Recall(Request):
     query: str = Field(max_length=MAX_TURN_CHARS)
     max_items: int | None = Field(default=None, ge=0, le=200)
     max_tokens: int | None = Field(default=None, ge=0)
@@ -234,7 +246,7 @@ class Recalled(Message):
         return [i.ref for i in self.items]
 
 
-class SyncIndex(Message):
+class SyncIndex(Request):
     """Index what has no vector yet. ``refs``: items to look at again even if the
     indexer has passed them (enabled again after a disable)."""
 
@@ -247,12 +259,12 @@ class IndexSynced(Message):
     counts: dict[str, int]
 
 
-class DropFromIndex(Message):
+class DropFromIndex(Request):
     kind: Literal["turn", "episode", "fact"]
     item_id: int
 
 
-class FindMemories(Message):
+class FindMemories(Request):
     """Memories whose text matches ``text`` (for ``forget --matching``): any
     kind, disabled ones included, newest first."""
 
@@ -271,7 +283,7 @@ class MemoryMatches(Message):
     items: list[MemoryMatch]
 
 
-class NearestMemory(Message):
+class NearestMemory(Request):
     """The live episode or fact (about ``subject``) nearest to ``text``, for the
     near-duplicate check (``runtime.memories.duplicates``)."""
 
@@ -287,7 +299,7 @@ class NearestFound(Message):
 
 # -- episodes and graph -----------------------------------------------------
 
-class AddEpisode(Message):
+class AddEpisode(Request):
     episode: EpisodeIn
     writer: str = "episodes"
 
@@ -298,7 +310,7 @@ class EpisodeWritten(Message):
     duplicate: bool = False
 
 
-class AddFact(Message):
+class AddFact(Request):
     fact: FactIn
     writer: str = "graph"
 
@@ -315,7 +327,7 @@ class FactWritten(Message):
     claim_id: int | None = None
 
 
-class AddPortrait(Message):
+class AddPortrait(Request):
     """A new version of the household's portrait (the synthesis job)."""
 
     portrait: PortraitIn
@@ -326,7 +338,7 @@ class PortraitWritten(Message):
     portrait_id: int
 
 
-class WriteDigests(Message):
+class WriteDigests(Request):
     """Digests to add and expired ones to delete (the synthesis job's digest step,
     ``runtime.memories.digests``); a monthly is never deleted."""
 
@@ -338,7 +350,7 @@ class DigestsWritten(Message):
     digest_ids: list[int]
 
 
-class UpdateProfile(Message):
+class UpdateProfile(Request):
     """Profile operations (``runtime.memories.user_profile``), applied all or nothing."""
 
     ops: list[ProfileOp] = Field(min_length=1, max_length=100)
@@ -350,7 +362,7 @@ class ProfileUpdated(Message):
     changes: list[str]
 
 
-class TouchEpisodes(Message):
+class TouchEpisodes(Request):
     """These episodes were recalled and used in an answer: their decay restarts
     (``last_relevant_at``). Fire and forget, from Turns to Episodes."""
 
@@ -358,7 +370,7 @@ class TouchEpisodes(Message):
     at: float | None = None
 
 
-class UpdateThread(Message):
+class UpdateThread(Request):
     """Resolve or escalate an episode's open thread (``runtime.memories.threads``: the
     consolidate and decay jobs)."""
 
@@ -366,7 +378,7 @@ class UpdateThread(Message):
     writer: str = Field(default="consolidate", min_length=1, max_length=80)
 
 
-class AddMood(Message):
+class AddMood(Request):
     """A new reading of the companion's mood (``runtime.memories.mood``: the consolidate job)."""
 
     mood: MoodIn
@@ -377,7 +389,7 @@ class MoodWritten(Message):
     mood_id: int
 
 
-class PurgeTombstones(Message):
+class PurgeTombstones(Request):
     """Hard-delete the episodes tombstoned long enough ago (``runtime.memories.decay``:
     30 days) as of ``now`` (the decay job's clock; None: the actor's)."""
 
@@ -389,7 +401,7 @@ class TombstonesPurged(Message):
     purged: int
 
 
-class ChangeMemory(Message):
+class ChangeMemory(Request):
     """Disable (hide from recall, reversible), enable, or delete (for good: its
     text, vector and keyword rows go; the write log keeps only that it was
     deleted, when and by whom) one memory: ``turn:12``, ``episode:3``,
@@ -405,7 +417,7 @@ class ChangeMemory(Message):
     writer: str = Field(default="cli", min_length=1, max_length=80)
 
 
-class EditMemory(Message):
+class EditMemory(Request):
     """Change what a memory says: an episode's gist, a fact's value (a new
     claim that supersedes the old one, history kept). Turns are the append-only
     transcript: editing one is refused. Answered by the owner of the ref's kind
@@ -422,7 +434,7 @@ MemoryKind = Literal["turn", "episode", "fact"]
 ALL_KINDS: tuple[MemoryKind, ...] = ("turn", "episode", "fact")
 
 
-class BrowseMemories(Message):
+class BrowseMemories(Request):
     """A page of memories for people to look through (the memory page, REST,
     MCP's timeline): some kinds, optionally only those containing every word of
     ``text``, optionally written within ``[since, until)`` (epoch seconds),
@@ -465,7 +477,7 @@ class MemoryPage(Message):
     total: int                        # matching items over all pages
 
 
-class ViewMemory(Message):
+class ViewMemory(Request):
     """One memory by its ref, whatever its state (``Recall.view`` answers a
     ``MemoryView``; a ref that names nothing is a ``BadRequest`` that is also a
     ``runtime.memories.refs.NoSuchItem``)."""
@@ -531,7 +543,7 @@ class Conversation(Message):
         default_factory=list, max_length=MAX_CLIENT_IMAGES)
 
 
-class UserTurn(Message):
+class UserTurn(Request):
     channel: str = Field(min_length=1, max_length=200)
     source: str = Field(default="user", min_length=1, max_length=200)
     text: str = Field(max_length=MAX_TURN_CHARS)
@@ -569,7 +581,7 @@ class TurnReply(Message):
 
 # -- supervision ------------------------------------------------------------
 
-class StatusRequest(Message):
+class StatusRequest(Request):
     pass
 
 
@@ -588,7 +600,7 @@ class Status(Message):
 
 # -- compaction (written by the consolidation job) --------------------------
 
-class Compact(Message):
+class Compact(Request):
     """Record a continuity summary of ``channel`` up to transcript row ``watermark``."""
 
     channel: str = Field(min_length=1, max_length=200)
@@ -606,7 +618,7 @@ class Compacted(Message):
 
 # -- the janitor (the decay job) ---------------------------------------------
 
-class PruneTranscript(Message):
+class PruneTranscript(Request):
     """Delete ``channel``'s rows at or below its compaction watermark that no
     live episode cites (``runtime.memories.transcript.TranscriptService.prune``)."""
 
@@ -618,7 +630,7 @@ class TranscriptPruned(Message):
     pruned: int
 
 
-class ExpireWriteLog(Message):
+class ExpireWriteLog(Request):
     """Drop the write-log history of the rows the janitor deleted at least
     ``runtime.memories.decay.WRITE_LOG_RETENTION_DAYS`` before ``now`` (None: the actor's
     clock). Each owner expires the history of its own tables: Transcript that
@@ -636,13 +648,13 @@ class WriteLogExpired(Message):
 # Every ``at`` / ``now`` is seconds since the epoch; None: the Cron actor's
 # clock. Tests and simulations give them, to jump time instead of sleeping.
 
-class Activity(Message):
+class Activity(Request):
     """The user did something (a user turn): idleness starts again."""
 
     at: float | None = Field(default=None, allow_inf_nan=False)
 
 
-class Presence(Message):
+class Presence(Request):
     """Someone came home or left (or moved to another room or zone); everyone
     away counts as idle. ``activity``: someone is active at home right now
     (motion, occupancy), which resets idleness like a user turn."""
@@ -655,7 +667,7 @@ class Presence(Message):
     activity: bool = False
 
 
-class Tick(Message):
+class Tick(Request):
     """Check now (or at ``now``): fire due reminders, start the jobs the idle
     gate lets through. ``wait``: answer when those runs have ended."""
 
@@ -683,7 +695,7 @@ class Ticked(Message):
     prompts: list[int] = Field(default_factory=list)
 
 
-class JobsStatus(Message):
+class JobsStatus(Request):
     now: float | None = Field(default=None, allow_inf_nan=False)
 
 
@@ -719,7 +731,7 @@ class JobsReport(Message):
     details: dict[str, str] = Field(default_factory=dict)
 
 
-class RunJob(Message):
+class RunJob(Request):
     """Fire one job now, past the idle gate (admin). ``wait``: answer when it ended."""
 
     name: str = Field(min_length=1, max_length=40)
@@ -727,7 +739,7 @@ class RunJob(Message):
     now: float | None = Field(default=None, allow_inf_nan=False)
 
 
-class Remind(Message):
+class Remind(Request):
     """Say ``text`` on ``channel`` at ``when`` (``tomorrow 8:00``, ``in 2 hours``,
     ``tuesday 19:00``..., read in the household's zone). ``kind`` ``ask``: a
     scheduled prompt, answered by the assistant as a turn. ``every``: repeat
@@ -750,7 +762,7 @@ class Reminded(Message):
     repeat: str | None = None  # the repeat rule as stored (``week``, ``3 days``...)
 
 
-class ListReminders(Message):
+class ListReminders(Request):
     """The reminders still to fire (``reverie remind --list``)."""
 
 
@@ -775,7 +787,7 @@ class ReminderList(Message):
     reminders: list[ReminderLine]
 
 
-class CancelReminder(Message):
+class CancelReminder(Request):
     """Cancel a pending reminder (a repeating one: every occurrence to come)."""
 
     id: int = Field(ge=1)
@@ -787,7 +799,7 @@ class CancelReminder(Message):
 JOB_STATE_MAX = 16 * 1024 * 1024
 
 
-class HubJobState(Message):
+class HubJobState(Request):
     """What a job run on a snapshot needs from the hub when it starts."""
 
 
@@ -818,14 +830,14 @@ class JobStateRows(Message):
     llm_queue: list[QueueFile] = Field(default_factory=list)
 
 
-class SaveLLMQueue(Message):
+class SaveLLMQueue(Request):
     """The retry queue as a run off the hub left it: the hub's queue becomes
     exactly these files."""
 
     files: list[QueueFile] = Field(default_factory=list, max_length=10_000)
 
 
-class SaveJobState(Message):
+class SaveJobState(Request):
     """Write one ``job_state`` row on the hub (a job run on a snapshot); ``at``:
     the job's clock."""
 
@@ -853,7 +865,7 @@ class Fix(BaseModel):
     event: str | None = Field(default=None, max_length=20)
 
 
-class RecordFixes(Message):
+class RecordFixes(Request):
     """Store fixes in the location history and back-fill user turns from them."""
 
     fixes: list[Fix] = Field(min_length=1, max_length=MAX_BATCH)
@@ -864,7 +876,7 @@ class FixesStored(Message):
     backfilled: int   # transcript rows that took a location
 
 
-class LocationRequest(Message):
+class LocationRequest(Request):
     pass
 
 
@@ -873,7 +885,7 @@ class LocationInfo(Message):
     last_fix_at: float | None
 
 
-class PresenceRequest(Message):
+class PresenceRequest(Request):
     pass
 
 
@@ -891,7 +903,7 @@ class PresenceReport(Message):
     people: dict[str, PersonPresence]
 
 
-class EdgeRequest(Message):
+class EdgeRequest(Request):
     pass
 
 
@@ -913,7 +925,7 @@ class EdgeInfo(Message):
     error: str | None = None
 
 
-class PublishFix(Message):
+class PublishFix(Request):
     """Publish a GPS fix on Reverie's own topic (``<prefix>/gps/<person>``)."""
 
     fix: Fix

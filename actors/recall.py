@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import ray
 
 from actors import metrics
 from actors.common import accept, bad_request, open_store, setup_logging
 from actors.handles import NoSuchMemory
+from actors.households import serving
 from actors.messages import (
     Ack,
     BrowseMemories,
@@ -34,11 +36,12 @@ from actors.messages import (
     NearestMemory,
     Recall,
     Recalled,
+    Request,
     SyncIndex,
     ViewMemory,
 )
 from runtime.config import Settings
-from runtime.llm.embedder import QueryCache, make_embedder
+from runtime.llm.embedder import Embedder, QueryCache, make_embedder
 from runtime.memories.duplicates import IndexFinder
 from runtime.memories.refs import find_matching, parse_ref
 from runtime.recall import browse as browsing
@@ -55,12 +58,23 @@ SYNC_STEP = 32  # items indexed per notification before recall requests get a tu
 SAVE_EVERY = 5000  # vectors added between index saves (the database is the truth)
 
 
-class RecallActor:
-    def __init__(self, settings: Settings) -> None:
+def load_model(settings: Settings) -> dict[str, Any]:
+    """The embedding model, loaded once per Recall actor and shared by every
+    household it serves (``actors/households.py``)."""
+    embedder = make_embedder(settings.embedder)
+    embedder.embed(["warm up"])  # export/load the model now, not on first use
+    return {"embedder": embedder}
+
+
+class HouseholdRecall:
+    """The Recall actor's work for one household (``actors/households.py``):
+    its store, vectors and index; the model is the actor's."""
+
+    def __init__(self, settings: Settings, embedder: Embedder | None = None) -> None:
         setup_logging(settings, "recall")
+        self.household = settings.household.id
         self.store = open_store(settings)
-        self.embedder = make_embedder(settings.embedder)
-        self.embedder.embed(["warm up"])  # export/load the model now, not on first use
+        self.embedder = embedder if embedder is not None else load_model(settings)["embedder"]
         # questions asked again skip the model, and so does indexing a gist the
         # near-duplicate check has just embedded (the jobs' Embed calls do not go here)
         cached = QueryCache(self.embedder)
@@ -106,22 +120,23 @@ class RecallActor:
             self.save()
         return IndexSynced(added=added, counts={k: self.index.count(k) for k in KINDS})
 
-    def pending(self, msg: None = None) -> int:
+    def pending(self, msg: object = None) -> int:
         """Memory items still waiting for a vector."""
         return self.indexer.pending_count()
 
-    def clear(self, msg: None = None) -> Ack:
+    def clear(self, msg: object = None) -> Ack:
         """Drop every vector (re-embedding follows through sync)."""
         cleared = self.indexer.clear()
         self.index.save()
         return Ack(detail=f"{cleared} vectors dropped")
 
-    def sync_some(self, msg: None = None) -> IndexSynced:
+    def sync_some(self, msg: object = None) -> IndexSynced:
         """A writer's notification: index a bounded amount, then queue the rest
         behind whatever is waiting, so recall never waits for a whole backlog."""
         synced = self.sync(SyncIndex(limit=SYNC_STEP))
         if synced.added >= SYNC_STEP:
-            ray.get_runtime_context().current_actor.sync_some.remote()
+            ray.get_runtime_context().current_actor.sync_some.remote(
+                Request(household=self.household))
         metrics.queue_depth("index_pending", self.pending())
         return synced
 
@@ -175,8 +190,17 @@ class RecallActor:
         self._unsaved = 0
         return Ack()
 
+    def close(self) -> None:
+        """Closed by the actor (least recently used): the index saved, the store closed."""
+        self.save()
+        self.store.close()
+
     def ping(self) -> str:
         return "ok"
+
+
+# The actor: the model, and the households it serves (actors/households.py).
+RecallActor = serving(HouseholdRecall, "RecallActor", shared=load_model)
 
 
 def _view(view: browsing.View) -> MemoryView:

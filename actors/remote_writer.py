@@ -33,6 +33,7 @@ from actors.messages import (
     UpdateThread,
     WriteDigests,
 )
+from runtime.config import HUB_HOUSEHOLD
 from runtime.memories.digests import DigestBatch
 from runtime.memories.episodes import EpisodeIn
 from runtime.memories.facts import FactIn, Resolution
@@ -44,10 +45,11 @@ from runtime.memories.user_profile import ProfileOp
 
 
 class RemoteWriter:
-    def __init__(self, namespace: str, timeout_s: float = CALL_TIMEOUT_S) -> None:
-        self.episodes = EpisodesClient(namespace, timeout_s)
-        self.graph = GraphClient(namespace, timeout_s)
-        self.transcript = TranscriptClient(namespace, timeout_s)
+    def __init__(self, namespace: str, timeout_s: float = CALL_TIMEOUT_S,
+                 household: str = HUB_HOUSEHOLD) -> None:
+        self.episodes = EpisodesClient(namespace, timeout_s, household=household)
+        self.graph = GraphClient(namespace, timeout_s, household=household)
+        self.transcript = TranscriptClient(namespace, timeout_s, household=household)
 
     def add_episode(self, episode: EpisodeIn, writer: str) -> int:
         return self.episodes.add(AddEpisode(episode=episode, writer=writer)).episode_id

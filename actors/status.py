@@ -91,8 +91,9 @@ def gather_status(settings: Settings, timeout_s: float = PING_TIMEOUT_S) -> Stat
         except Exception as exc:
             states[name] = f"down: {type(exc).__name__}"
     states = {name: states[name] for name in names}
-    transcript = TranscriptClient(ns, timeout_s)
-    cron = CronClient(ns, timeout_s)
+    household = settings.household.id
+    transcript = TranscriptClient(ns, timeout_s, household=household)
+    cron = CronClient(ns, timeout_s, household=household)
     if EDGE in names and settings.mqtt.enabled:
         mqtt = _ask(lambda: EdgeClient(ns, timeout_s).stats()) or EdgeInfo(
             configured=True, connected=False, error="bridge not answering")

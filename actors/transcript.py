@@ -15,6 +15,7 @@ from actors.common import (
     setup_logging,
 )
 from actors.handles import RecallClient, change_memory, edit_memory
+from actors.households import serving
 from actors.messages import (
     Ack,
     AppendTurns,
@@ -44,7 +45,9 @@ from runtime.memories.transcript import TranscriptService
 log = logging.getLogger(__name__)
 
 
-class TranscriptActor:
+class HouseholdTranscript:
+    """The Transcript actor's work for one household (``actors/households.py``)."""
+
     def __init__(self, settings: Settings) -> None:
         setup_logging(settings, "transcript")
         self.store = open_store(settings)
@@ -52,7 +55,8 @@ class TranscriptActor:
         self.hub_person = settings.gps.person if settings.gps.enabled else None
         self.profiles = load_profiles(settings)
         self.transcript = TranscriptService(self.store, self.profiles, self.hub_person)
-        self.recall = RecallClient(settings.runtime.namespace)
+        self.recall = RecallClient(settings.runtime.namespace,
+                                   household=settings.household.id)
         self.notify_recall = Notifier(self.recall.sync_some_async, "recall.sync_some")
 
     def append(self, msg: AppendTurns) -> TurnsAppended:
@@ -137,5 +141,13 @@ class TranscriptActor:
         self.notify_recall.flush()
         return Ack()
 
+    def close(self) -> None:
+        self.notify_recall.close()
+        self.store.close()
+
     def ping(self) -> str:
         return "ok"
+
+
+# The actor: the households it serves, each a HouseholdTranscript (actors/households.py).
+TranscriptActor = serving(HouseholdTranscript, "TranscriptActor")

@@ -59,6 +59,7 @@ from actors.handles import (
     RecallClient,
     TranscriptClient,
 )
+from actors.households import serving
 from actors.messages import (
     Activity,
     AppendTurns,
@@ -163,7 +164,9 @@ class ChannelQueue:
             return dict(self._waiting)
 
 
-class TurnsActor:
+class HouseholdTurns:
+    """The Turns actor's work for one household (``actors/households.py``)."""
+
     def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
         setup_logging(settings, "turns")
         self.settings = settings
@@ -172,13 +175,14 @@ class TurnsActor:
         self.persona = PersonaLoader.from_settings(settings.persona)
         # thread-safe (FallbackChain); its notice is durable: it survives a restart
         self.llm = make_llm(settings.llm, LLMHealth(settings.store.resolved_dir, self.clock))
-        namespace = settings.runtime.namespace
-        self.transcript = TranscriptClient(namespace, CALL_TIMEOUT_S)
-        self.recall = RecallClient(namespace, CALL_TIMEOUT_S)
-        self.cron = CronClient(namespace, CALL_TIMEOUT_S)
-        self.episodes = EpisodesClient(namespace, CALL_TIMEOUT_S)
+        namespace, household = settings.runtime.namespace, settings.household.id
+        self.transcript = TranscriptClient(namespace, CALL_TIMEOUT_S, household=household)
+        self.recall = RecallClient(namespace, CALL_TIMEOUT_S, household=household)
+        self.cron = CronClient(namespace, CALL_TIMEOUT_S, household=household)
+        self.episodes = EpisodesClient(namespace, CALL_TIMEOUT_S, household=household)
         # "remember: ..." in a turn: stored during the turn (actors.remember_turn)
-        self.remembering = TurnRemembering(GraphClient(namespace, CALL_TIMEOUT_S), self.recall,
+        graph = GraphClient(namespace, CALL_TIMEOUT_S, household=household)
+        self.remembering = TurnRemembering(graph, self.recall,
                                            load_profiles(settings), self.clock)
         self.channels = ChannelQueue(partial(metrics.queue_depth, "turns_waiting"))
         # its own read connection, opened on the first seeded turn
@@ -374,9 +378,22 @@ class TurnsActor:
         except Exception as exc:  # no Cron (yet): the jobs just keep their gate
             log.debug("cannot tell cron about activity: %s", type(exc).__name__)
 
-    def waiting(self) -> dict[str, int]:
+    def waiting(self, msg: object = None) -> dict[str, int]:
         """Per busy channel, the turns waiting for the one before them to finish."""
         return self.channels.waiting()
 
+    def close(self) -> None:
+        """Closed by the actor (least recently used, never while a turn runs here)."""
+        self.portrait.close()
+        self.reader.close()
+        with self._replies_lock:
+            if self._replies is not None:
+                self._replies.close()
+                self._replies = None
+
     def ping(self) -> str:
         return "ok"
+
+
+# The actor: the households it serves, each a HouseholdTurns (actors/households.py).
+TurnsActor = serving(HouseholdTurns, "TurnsActor")

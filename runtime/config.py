@@ -86,6 +86,12 @@ LLM_ENV = {
 # Used as api_key_env when REVERIE_LLM_API_KEY_ENV is unset and this is set.
 LLM_KEY_VAR = "REVERIE_LLM_API_KEY"
 ENV_VAR_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# A household's id (issue 26, many households on one cluster): its store's
+# directory is named by it and by nothing else (runtime.store.households).
+HOUSEHOLD_ID = r"^[a-z0-9][a-z0-9-]{0,62}$"
+# The hub's own household: the configured store, and every message's household
+# unless it names another.
+HUB_HOUSEHOLD = "home"
 
 
 class ConfigError(ValueError):
@@ -254,6 +260,9 @@ class HouseholdSettings(_Section):
     # case-insensitively): a speaker among them (or among the people
     # ``[mqtt.people]`` maps sensors onto) is known (runtime.memories.privacy).
     people: list[str] = Field(default_factory=list, max_length=100)
+    # Which household these settings are (set by runtime.store.households for
+    # the households it serves; the hub's own is "home").
+    id: str = Field(default=HUB_HOUSEHOLD, pattern=HOUSEHOLD_ID)
 
     @field_validator("timezone")
     @classmethod
@@ -261,6 +270,19 @@ class HouseholdSettings(_Section):
         value = value.strip()
         household_zone(value)  # ValueError: unknown time zone
         return value
+
+
+class HouseholdsSettings(_Section):
+    """Many households on one runtime (``runtime/store/households.py``): off,
+    the hub serves its one household (``home``, the configured store) as before.
+    On, the owners also serve every household registered under ``root``
+    (``<root>/<id>/``, 0700: its store, its HTTP token, its index), at most
+    ``max_open`` of them open at a time per owner actor (least recently used
+    closed first)."""
+
+    enabled: bool = False
+    root: Path | None = None  # None: <data dir>/households
+    max_open: int = Field(default=64, ge=1, le=100_000)
 
 
 class PersonaSettings(_Section):
@@ -709,6 +731,7 @@ class Settings(_Section):
     channels: dict[str, ChannelSettings] = Field(default_factory=_default_channels)
     persona: PersonaSettings = PersonaSettings()
     household: HouseholdSettings = HouseholdSettings()
+    households: HouseholdsSettings = HouseholdsSettings()
     jobs: JobsSettings = JobsSettings()
     mqtt: MqttSettings = MqttSettings()
     gps: GpsSettings = GpsSettings()

@@ -40,6 +40,7 @@ VIEW = m.MemoryView(ref="episode:3", kind="episode", item_id=3, text="a walk", c
 
 SAMPLES: list[m.Message] = [
     m.Ack(detail="done"),
+    m.Request(household="smith-2"),
     m.AppendTurns(turns=[TurnIn(channel="chat", source="user", content="hi",
                                 location=Location(lat=1.0, lon=2.0), request_id="r1")]),
     m.AppendTurns(turns=[TurnIn(channel="chat", source="assistant", role="assistant",

@@ -28,7 +28,6 @@ from runtime.store.database import Store
 from runtime.store.fact_kinds import FactKinds
 from runtime.store.vector_index import (
     COMPACT_MIN,
-    INDEXED,
     KINDS,
     IndexUnavailable,
     VectorIndex,
@@ -283,6 +282,8 @@ def test_index_files_are_owner_only(store: Store, tmp_path: Path) -> None:
         os.umask(old_umask)
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     files = sorted(p.name for p in directory.iterdir())
-    assert files == sorted(f"{k}{s}" for k in INDEXED for s in (".hnsw", ".json"))
+    # the turns' index and its metadata; a kind with no vector has no index, and
+    # its world-readable leftovers are gone (no hnswlib index made for nothing)
+    assert files == ["turn.hnsw", "turn.json"]
     for name in files:
         assert stat.S_IMODE((directory / name).stat().st_mode) == 0o600, name

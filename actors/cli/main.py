@@ -296,6 +296,9 @@ def parser() -> argparse.ArgumentParser:
     from actors.cli import timeline as timeline_cmd  # timeline "EXPR" [--json]
 
     timeline_cmd.add_parser(sub)
+    from actors.cli import households  # household add|stop|export|delete ID
+
+    households.add_parser(sub)
     return p
 
 

@@ -53,9 +53,11 @@ class ActorBackend:
         self.settings = settings
         self.namespace = ns
         self.timeout_s = timeout_s
-        self.turns = TurnsClient(ns, timeout_s)
-        self.recall_client = RecallClient(ns, timeout_s)
-        self.graph = GraphClient(ns, timeout_s)
+        # every call is for this household: the settings' (its own store, token)
+        self.household = settings.household.id
+        self.turns = TurnsClient(ns, timeout_s, household=self.household)
+        self.recall_client = RecallClient(ns, timeout_s, household=self.household)
+        self.graph = GraphClient(ns, timeout_s, household=self.household)
 
     def turn(self, msg: UserTurn) -> TurnReply:
         return self.turns.process(msg)
@@ -87,7 +89,7 @@ class ActorBackend:
         from runtime.memories.refs import parse_ref
 
         parsed = str(parse_ref(ref))
-        ack = owner(parsed, self.namespace, self.timeout_s).change(
+        ack = owner(parsed, self.namespace, self.timeout_s, self.household).change(
             ChangeMemory(ref=parsed, change=change, writer="http"))  # type: ignore[arg-type]
         return str(ack.detail)
 
@@ -100,7 +102,7 @@ class ActorBackend:
         from runtime.memories.refs import parse_ref
 
         parsed = str(parse_ref(ref))
-        ack = owner(parsed, self.namespace, self.timeout_s).edit(
+        ack = owner(parsed, self.namespace, self.timeout_s, self.household).edit(
             EditMemory(ref=parsed, text=text, writer="http"))
         return str(ack.detail)
 

@@ -102,6 +102,11 @@ class HttpActor:
         http = settings.http
         backend = ActorBackend(settings)
         app = make_app(settings, load_or_create_token(settings), backend)
+        if settings.households.enabled:  # /households/ID/: that household's own app
+            from actors.http.households import HouseholdsApp
+
+            app = HouseholdsApp(app, settings, lambda own: make_app(
+                own, load_or_create_token(own), ActorBackend(own)))
         self._sock: socket.socket | None = None
         self._thread: threading.Thread | None = None
         self._address = ""

@@ -64,9 +64,12 @@ class IndexUnavailable(RuntimeError):
 class _KindIndex:
     def __init__(self, dim: int, capacity: int = 1024) -> None:
         self.dim = dim
-        self.index = hnswlib.Index(space="ip", dim=dim)
-        self.index.init_index(max_elements=max(capacity, 16), ef_construction=200, M=16)
-        self.index.set_num_threads(1)
+        self._capacity = max(capacity, 16)
+        # made on the first add: an hnswlib index costs 2.5 MiB the moment it
+        # exists, whatever its capacity (its 65,536 label locks), and a kind
+        # with no vectors needs none (issue 26: one Recall actor holds many
+        # households' indexes, most kinds of a small household empty)
+        self._index: hnswlib.Index | None = None
         self.max_label = 0
         self.deleted = 0
         self.broken = False  # a search failed: rebuild on the next save
@@ -75,18 +78,37 @@ class _KindIndex:
     def load(cls, path: Path, dim: int, max_label: int) -> _KindIndex:
         self = cls.__new__(cls)
         self.dim = dim
-        self.index = hnswlib.Index(space="ip", dim=dim)
-        self.index.load_index(str(path), allow_replace_deleted=False)
-        self.index.set_num_threads(1)
+        self._capacity = 16
+        self._index = hnswlib.Index(space="ip", dim=dim)
+        self._index.load_index(str(path), allow_replace_deleted=False)
+        self._index.set_num_threads(1)
         self.max_label = max_label
         self.deleted = 0  # counted by VectorIndex._reconcile
         self.broken = False
         return self
 
     @property
+    def index(self) -> hnswlib.Index:
+        """The hnswlib index, made on first use."""
+        if self._index is None:
+            self._index = hnswlib.Index(space="ip", dim=self.dim)
+            self._index.init_index(max_elements=self._capacity, ef_construction=200, M=16)
+            self._index.set_num_threads(1)
+        return self._index
+
+    @property
+    def made(self) -> bool:
+        """Whether the hnswlib index exists (it does once anything was added)."""
+        return self._index is not None
+
+    def labels(self) -> list[int]:
+        """Every label held, deleted ones included."""
+        return [] if self._index is None else [int(x) for x in self._index.get_ids_list()]
+
+    @property
     def elements(self) -> int:
         """Elements held, deleted ones included."""
-        return int(self.index.get_current_count())
+        return 0 if self._index is None else int(self._index.get_current_count())
 
     @property
     def live(self) -> int:
@@ -116,6 +138,8 @@ class _KindIndex:
 
     def remove(self, label: int) -> bool:
         """Mark ``label`` deleted; False if it is absent or already deleted."""
+        if self._index is None:
+            return False
         try:
             self.index.mark_deleted(label)
         except RuntimeError:
@@ -235,6 +259,10 @@ class VectorIndex:
                 self.compact(kind)
         for kind, idx in self._kinds.items():
             data_path, meta_path = self._paths(kind)
+            if not idx.made:  # nothing ever added: no file (an old one would be stale)
+                data_path.unlink(missing_ok=True)
+                meta_path.unlink(missing_ok=True)
+                continue
             tmp = data_path.with_suffix(".hnsw.tmp")
             create_private(tmp)  # hnswlib truncates it and keeps its mode
             idx.index.save_index(str(tmp))
@@ -275,7 +303,7 @@ class VectorIndex:
         table, where, params = _source(kind)
         stored = {int(r[0]) for r in self.store.conn.execute(
             f"SELECT id FROM {table} WHERE {where}", params)}
-        gone = [int(label) for label in idx.index.get_ids_list() if int(label) not in stored]
+        gone = [label for label in idx.labels() if label not in stored]
         removed = sum(idx.remove(label) for label in gone)
         if removed and self._wants_compaction(idx):
             self.compact(kind)
