@@ -400,8 +400,9 @@ def test_forgetting_an_episode_takes_its_gist_out_of_a_summary_by_its_ref(
 def test_forgetting_an_episode_forgets_the_roll_ups_above_it(memory: Memory) -> None:
     """A roll-up's gist is written from its children's gists: forgetting a child
     episode by hand (not its turns) forgets the roll-up above it and the one
-    above that, with their content in the write log; a sibling stays (tombstoned,
-    as a roll-up's children are), and so does an unrelated apex."""
+    above that, with their content in the write log; a sibling stays, and comes
+    back as an apex (no longer tombstoned: the next roll-up round rolls it up
+    again, the janitor does not purge it), and an unrelated apex stays."""
     now = memory.store.clock.now()
     child = an_episode(memory, f"Caroline: {SECRET}.")
     sibling = an_episode(memory, "Caroline planted tomatoes.")
@@ -415,6 +416,7 @@ def test_forgetting_an_episode_forgets_the_roll_ups_above_it(memory: Memory) -> 
     theme = roll_up(1, f"{SECRET}; tomatoes.", [child, sibling])
     era = roll_up(2, f"A season: {SECRET}.", [theme])
     assert SECRET in log_text(memory, "episodes")
+    assert memory.store.get("episodes", sibling)["tombstoned_at"] is not None
 
     memory.change(Ref("episode", child), "delete")
 
@@ -422,3 +424,6 @@ def test_forgetting_an_episode_forgets_the_roll_ups_above_it(memory: Memory) -> 
     assert {theme, era}.isdisjoint(ids(memory, "episodes"))
     assert SECRET not in log_text(memory, "episodes")
     assert everywhere(memory, SECRET) == []
+    revived = memory.store.get("episodes", sibling)
+    assert (revived["tombstoned_at"], revived["parent_id"]) == (None, None)
+    assert [r["id"] for r in memory.episodes.apexes("voice", 0)] == [sibling, apart]

@@ -228,10 +228,18 @@ def _quoting_turn(store: Store, turn_id: int, writer: str) -> list[_Gone]:
 def _forget_episode(store: Store, episode_id: int, writer: str) -> _Gone:
     """Forget an episode (as :class:`runtime.memories.episodes.EpisodeService`
     does, less the cascade: the caller follows it); return it as gone, with its
-    gist and its roll-up parent."""
+    gist and its roll-up parent. It goes because of what it quotes, not for its
+    own sake: the episodes it rolled up that are still stored come back as
+    apexes (no longer tombstoned), so the next roll-up round writes a parent of
+    them again, without what was forgotten, and the janitor does not purge
+    them as the children of a parent that is gone."""
+    children = [int(r[0]) for r in store.conn.execute(
+        "SELECT id FROM episodes WHERE parent_id = ?", (episode_id,))]
     row = store.forget(writer, "episodes", episode_id)
     if row is None:
         return _Gone(f"episode:{episode_id}")
+    for child in children:
+        store.update(writer, "episodes", child, {"tombstoned_at": None})
     parent = row["parent_id"]
     return _Gone(f"episode:{episode_id}", str(row["gist"]),
                  None if parent is None else int(parent))
