@@ -952,3 +952,17 @@ def test_pull_in_brings_the_spans_turns_most_like_the_query(
         clock.set(start + (60 + n) * DAY)
         memory.add_turn(turn(f"We baked {n} loaves with the kids"))
     assert pull_in() == (found, steps)
+
+
+def test_a_memory_written_but_not_indexed_yet_is_recalled(memory: Memory) -> None:
+    """The Recall actor indexes after the writer's notification, so a recall may
+    come before the vector is stored: the memory, found by its words, is scored
+    by embedding it then, not dropped under the cosine gate (a failure seen once
+    in a loaded run: an episode written through its actor, not found by the
+    recall asked right after)."""
+    episode = memory.episodes.add(EpisodeIn(  # the service: nothing indexed
+        channel="kitchen", source="user",
+        gist="The family went to the aquarium in Lisbon and watched the otters."))
+    assert memory.store.scalar("SELECT count(*) FROM vectors WHERE kind = 'episode'") == 0
+    found = [i.ref for i in memory.recall("aquarium otters").items]
+    assert f"episode:{episode}" in found

@@ -51,6 +51,7 @@ from runtime.memories.threads import recall_bonus as thread_bonus
 from runtime.recall import passages as passage_text
 from runtime.recall import temporal as temporal_recall
 from runtime.recall.excerpt import excerpt
+from runtime.recall.indexing import document
 from runtime.recall.policy import StorePolicy
 from runtime.store.database import Row, Store
 from runtime.store.fact_kinds import FactKinds
@@ -108,6 +109,9 @@ TURN_TAU_DAYS = 14.0
 NEIGHBOUR_REACH = 4
 # Ids per "IN (...)" query, well within SQLite's limit on parameters.
 ID_CHUNK = 5000
+# Candidates with no stored vector yet embedded during a recall, at most (a bulk
+# import's backlog, or a re-embedding, must not turn a recall into indexing).
+EMBED_UNINDEXED = 16
 
 
 def approx_tokens(text: str) -> int:
@@ -262,7 +266,7 @@ class Recaller:
             lexical = self._keywords.submit(self._lexical, query, convo)
             try:
                 qvec = self._blend(self.embedder.embed([query])[0], convo)
-                cands = self._hybrid(query, qvec, now, lexical.result())
+                cands = self._hybrid(query, qvec, now, lexical.result(), set(exclude))
             except Exception as exc:  # the vector path failed: degrade, never raise
                 log.warning("recall vector path failed, using keyword fallback: %s", exc)
                 result.degraded, result.reason = True, f"{type(exc).__name__}: {exc}"
@@ -592,6 +596,20 @@ class Recaller:
                            for (item_id, _), sim in zip(rows, sims))
         return out
 
+    def _not_indexed_yet(self, keys: list[Key], cands: dict[Key, _Candidate],
+                         qvec: np.ndarray) -> dict[Key, float]:
+        """Cosine to the query of candidates that have no stored vector yet (written a
+        moment ago: the Recall actor indexes after the writer's notification, so a
+        recall may come first), embedded now, at most :data:`EMBED_UNINDEXED` of
+        them. Without it such a memory, found by its words, would score a cosine of
+        0 and fall under the gate: recall would depend on the index catching up."""
+        keys = keys[:EMBED_UNINDEXED]
+        if not keys:
+            return {}
+        vecs = self.embedder.embed([document(kind, cands[(kind, item_id)].row)
+                                    for kind, item_id in keys])
+        return {key: float(vec @ qvec) for key, vec in zip(keys, vecs, strict=True)}
+
     def _neighbours(self, turn_rows: list[Row], span: int) -> dict[int, list[int]]:
         """Each turn's same-channel neighbours: up to ``span`` on each side, the
         nearest first, looked for among the ``NEIGHBOUR_REACH * span`` rows on
@@ -680,7 +698,7 @@ class Recaller:
                 cand.relevance += share * max(0.0, words - cand.lexical)
 
     def _hybrid(self, query: str, qvec: np.ndarray, now: float,
-                lexical: dict[Key, float]) -> list[_Candidate]:
+                lexical: dict[Key, float], exclude: set[str]) -> list[_Candidate]:
         lexical, words = _without_passages(lexical)
         dense, floor = self._dense(qvec)
         extra = self._passage_turns(qvec) if self._on.passages else set()
@@ -691,6 +709,8 @@ class Recaller:
         cands = self._load(set(dense) | set(lexical) | extra, now)
         missing = [k for k in cands if k not in dense]
         dense.update(self._similarities(missing, qvec))
+        dense.update(self._not_indexed_yet([k for k in missing if k not in dense
+                                            and f"{k[0]}:{k[1]}" not in exclude], cands, qvec))
         passages = self._best_passages(cands, qvec, words) if self._on.passages else {}
         gate = self._on.min_cosine
         named = set(query_terms(query))
