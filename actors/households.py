@@ -140,6 +140,10 @@ class Served:
         with self._lock:
             return list(self._open.values())
 
+    def open_items(self) -> list[tuple[str, Any]]:
+        with self._lock:
+            return list(self._open.items())
+
     def open_ids(self) -> list[str]:
         with self._lock:
             return list(self._open)
@@ -245,12 +249,9 @@ def _forward(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _broadcast(name: str) -> Callable[..., Any]:
     def method(self: HouseholdRouter, msg: object = None, *args: Any) -> Any:
-        answer = None
-        for one in self.served.all_open():
-            got = getattr(one, name)()
-            if answer is None:
-                answer = got
-        return answer
+        answers = {household: getattr(one, name)() for household, one in self.served.open_items()}
+        # the hub's answer (another's when the hub's instance was closed meanwhile)
+        return answers.get(HUB_HOUSEHOLD, next(iter(answers.values()), None))
     method.__name__ = name
     return method
 
