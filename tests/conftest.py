@@ -130,14 +130,18 @@ def ray_instance() -> Iterator[str]:
     import logging
 
     from actors.discovery import loopback_environment
-    from actors.node import LOOPBACK, exposed
+    from actors.node import LOOPBACK, exposed, hub_node
 
     loopback_environment()  # Ray may be imported already (test modules import actors)
     import ray
 
-    ctx: Any = ray.init(address="local", num_cpus=2, object_store_memory=96 * 1024 * 1024,
-                        include_dashboard=False, logging_level=logging.WARNING,
-                        log_to_driver=False, _node_ip_address=LOOPBACK)
+    # The hub's trimmed node, as `reverie run` starts it: no autoscaler monitor,
+    # no log monitor (it globbed the session's log directory ten times a second:
+    # about 6 % of the suite's CPU), Ray's chores at the hub's periods.
+    with hub_node(log_monitor=False):
+        ctx: Any = ray.init(address="local", num_cpus=2, object_store_memory=96 * 1024 * 1024,
+                            include_dashboard=False, logging_level=logging.WARNING,
+                            log_to_driver=False, _node_ip_address=LOOPBACK)
     assert not exposed(ctx.address_info), ctx.address_info
     yield str(ctx.address_info["gcs_address"])
     ray.shutdown()
