@@ -63,9 +63,8 @@ without validation is refused with ``BadRequest``, never trusted.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from runtime.config import HOUSEHOLD_ID, HUB_HOUSEHOLD
@@ -77,7 +76,10 @@ from runtime.memories.portrait import PortraitIn
 from runtime.memories.threads import ThreadChange
 from runtime.memories.transcript import MAX_TURN_CHARS, Location, ToolCallIn, TurnIn
 from runtime.memories.user_profile import ProfileOp
-from runtime.recall.hybrid import RecallItem, RecallResult
+from runtime.recall.results import RecallItem, RecallResult
+
+if TYPE_CHECKING:
+    import numpy as np
 
 VERSION = 1
 MAX_BATCH = 1000
@@ -186,10 +188,14 @@ class Embedded(Message):
 
     @classmethod
     def of(cls, model: str, vecs: np.ndarray) -> Embedded:
+        import numpy as np  # here: the `reverie` command carries messages, never vectors
+
         arr = np.ascontiguousarray(vecs, dtype=np.float32)
         return cls(model=model, dim=int(arr.shape[1]), data=arr.tobytes())
 
     def array(self) -> np.ndarray:
+        import numpy as np
+
         return np.frombuffer(self.data, dtype=np.float32).reshape(-1, self.dim)
 
 

@@ -652,7 +652,7 @@ def test_an_episodes_turns_come_best_first(memory: Memory, clock: ManualClock) -
 
 
 def test_one_broad_item_cannot_fill_the_first_turns() -> None:
-    from runtime.recall.hybrid import TURNS_PER_ITEM_FIRST, RecallItem
+    from runtime.recall.results import TURNS_PER_ITEM_FIRST, RecallItem
 
     def item(ref: str, turns: tuple[int, ...]) -> RecallItem:
         return RecallItem(ref=ref, kind=ref.split(":")[0], item_id=1, text="", score=1.0,

@@ -48,8 +48,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
-import numpy as np
-
 if TYPE_CHECKING:  # the services import this module: keep it light
     from runtime.llm.embedder import Embedder
     from runtime.store.database import Store
@@ -171,7 +169,7 @@ class IndexFinder:
                 f" ({','.join('?' for _ in rows)}) ORDER BY id", [r["item_id"] for r in rows])
             vecs = self.embedder.embed([fact_text(f["subject"], f["key"], f["value"])
                                         for f in facts])
-            exact = [float(np.dot(vec, v)) for v in vecs]
+            exact = [float(vec @ v) for v in vecs]
             best_at = max(range(len(exact)), key=lambda i: (exact[i], -int(facts[i]["id"])))
             return Nearest(int(facts[best_at]["id"]), exact[best_at])
         best = max(rows, key=lambda r: (sim_of[int(r["label"])], -int(r["item_id"])))

@@ -34,7 +34,7 @@ import math
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, tzinfo
 from typing import Any, cast
 
@@ -53,6 +53,7 @@ from runtime.recall import temporal as temporal_recall
 from runtime.recall.excerpt import excerpt
 from runtime.recall.indexing import document
 from runtime.recall.policy import StorePolicy
+from runtime.recall.results import RecallItem, RecallResult
 from runtime.store.database import Row, Store
 from runtime.store.fact_kinds import FactKinds
 from runtime.store.fts import MAX_QUERY_CHARS, TermCounts, match_expression, query_terms
@@ -94,9 +95,6 @@ FEEDBACK_HITS = 15
 # searches every word, as before.
 FEEDBACK_MAX_SHARE = 0.01
 FEEDBACK_MIN_TURNS = 50
-# Turns an episode or a fact contributes, best first, before the next items'
-# (RecallResult.cited_turns); the rest follow after every item's first ones.
-TURNS_PER_ITEM_FIRST = 3
 # A query that knows the conversation (recall.context_query): each turn further
 # back counts this much less than the one after it, in the query vector and
 # the context's keywords; at most this many of its words are searched for.
@@ -117,58 +115,6 @@ EMBED_UNINDEXED = 16
 def approx_tokens(text: str) -> int:
     """A token estimate for budgeting: about four characters per token."""
     return max(1, math.ceil(len(text) / 4))
-
-
-@dataclass(frozen=True)
-class RecallItem:
-    ref: str
-    kind: str
-    item_id: int
-    text: str
-    score: float
-    relevance: float
-    channel: str | None
-    created_at: float
-    turns: tuple[int, ...]
-    tokens: int
-    sensitive: bool = False  # runtime.memories.privacy: who may be given it
-    person: str | None = None  # whose memory it is (None: the household's)
-
-
-@dataclass
-class RecallResult:
-    query: str
-    items: list[RecallItem] = field(default_factory=list)
-    degraded: bool = False
-    reason: str | None = None
-    elapsed_ms: float = 0.0
-
-    @property
-    def tokens(self) -> int:
-        return sum(i.tokens for i in self.items)
-
-    @property
-    def refs(self) -> list[str]:
-        return [i.ref for i in self.items]
-
-    def cited_turns(self, first_pass: int | None = None) -> list[int]:
-        """Transcript rows cited by the items, without repeats.
-
-        An item's turns come best first (an episode's or a fact's cited turns
-        are ordered by their own relevance to the query). In a first pass each
-        item, in rank order, gives at most ``first_pass`` turns (default
-        :data:`TURNS_PER_ITEM_FIRST`); the rest follow in a second pass, so
-        one broad episode citing dozens of turns cannot push every other
-        memory's evidence out of the first ten."""
-        cap = TURNS_PER_ITEM_FIRST if first_pass is None else first_pass
-        seen: dict[int, None] = {}
-        for item in self.items:
-            for t in item.turns[:cap]:
-                seen.setdefault(t, None)
-        for item in self.items:
-            for t in item.turns[cap:]:
-                seen.setdefault(t, None)
-        return list(seen)
 
 
 def _date(ts: float, zone: tzinfo) -> str:
