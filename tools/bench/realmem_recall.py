@@ -504,7 +504,13 @@ def combine(paths: Sequence[Path], totals: dict[str, ByCat],
             per_person: dict[str, dict[str, Any]], grid_by_person: dict[str, list[ByCat]],
             locomo_grid: dict[str, list[dict[Any, Any]]],
             locomo_totals: dict[str, dict[Any, Any]]) -> list[dict[str, Any]]:
-    """Read --dump files into the run's figures (in place); return their grid."""
+    """Read --dump files into the run's figures (in place); return their grid.
+
+    Dumps of one grid over different units join side by side. Dumps of other
+    grids over the same units join as more points: the grid is every point any
+    dump holds (the first dump's first: the configured settings), each point
+    once, and every unit must have been run on every point. The baselines (no
+    knobs) are taken from the first grid's dumps only."""
     import locomo_recall
 
     def realmem(raw: dict[str, Any]) -> ByCat:
@@ -513,25 +519,44 @@ def combine(paths: Sequence[Path], totals: dict[str, ByCat],
     def locomo(raw: dict[str, Any]) -> dict[Any, Any]:
         return {int(c): locomo_recall.Scores(**v) for c, v in raw.items()}
 
-    grid: list[dict[str, Any]] | None = None
+    def key(point: dict[str, Any]) -> str:
+        return json.dumps(point, sort_keys=True)
+
+    first: str | None = None
+    grid: dict[str, dict[str, Any]] = {}  # point key -> point, in order
+    realmem_at: dict[str, dict[str, ByCat]] = {}  # unit -> point key -> figures
+    locomo_at: dict[str, dict[str, dict[Any, Any]]] = {}
     for path in paths:
         dump = json.loads(path.read_text())
-        if grid is not None and dump["grid"] != grid:
-            raise SystemExit(f"{path}: another grid")
-        grid = dump["grid"]
+        points = [key(p) for p in dump["grid"]]
+        first = first if first is not None else json.dumps(points)
+        for k, point in zip(points, dump["grid"]):
+            grid.setdefault(k, point)
+        for u, pts in dump["realmem"].items():
+            for k, r in zip(points, pts):
+                realmem_at.setdefault(u, {}).setdefault(k, realmem(r))
+        for u, pts in dump["locomo"].items():
+            for k, r in zip(points, pts):
+                locomo_at.setdefault(u, {}).setdefault(k, locomo(r))
+        if json.dumps(points) != first:
+            continue
         per_person.update(dump["persons"])
         for name, raw in dump["totals"].items():
             for c, sc in realmem(raw).items():
                 totals[name][c].extend(sc)
-        grid_by_person.update({u: [realmem(r) for r in pts]
-                               for u, pts in dump["realmem"].items()})
-        locomo_grid.update({u: [locomo(r) for r in pts] for u, pts in dump["locomo"].items()})
         for name, raw in dump["locomo_totals"].items():
             got = locomo(raw)
             into = locomo_totals.setdefault(name, {c: locomo_recall.Scores() for c in got})
             for c, sc in got.items():
                 into[c].extend(sc)
-    return grid or []
+    for unit, at in [*realmem_at.items(), *locomo_at.items()]:
+        lacking = [k for k in grid if k not in at]
+        if lacking:
+            raise SystemExit(f"{unit}: not run on {len(lacking)} of the {len(grid)} points"
+                             f" (e.g. {lacking[0]})")
+    grid_by_person.update({u: [at[k] for k in grid] for u, at in realmem_at.items()})
+    locomo_grid.update({u: [at[k] for k in grid] for u, at in locomo_at.items()})
+    return list(grid.values())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -561,7 +586,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="write every question's figures here (for --combine)")
     parser.add_argument("--combine", type=Path, nargs="+",
                         help="no run: report on these --dump files together (runs over"
-                             " different persons side by side, the same grid)")
+                             " different persons side by side; runs of other grids over"
+                             " the same units as more points)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
 
