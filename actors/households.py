@@ -28,13 +28,16 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from actors.common import BadRequest, HouseholdElsewhere, HouseholdMoving
 from actors.household_routing import node_settings, route
 from runtime.config import HUB_HOUSEHOLD, Settings
 from runtime.store.household_routes import HUB_NODE
 from runtime.store.households import Households, check_id, store_marks
+
+if TYPE_CHECKING:
+    from device.household_replicator import HouseholdReplicator
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +230,8 @@ class HouseholdRouter:
     """The base of every owner actor made by :func:`serving`."""
 
     served: Served
+    _replication: HouseholdReplicator | None
+    _replicating: ThreadPoolExecutor
 
     def ping(self, msg: object = None) -> str:
         return "ok"

@@ -23,6 +23,7 @@ import re
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from runtime.config import HOUSEHOLD_ID, HUB_HOUSEHOLD, Settings
 from runtime.store.database import Store
@@ -234,8 +235,8 @@ def store_marks(path: Path) -> dict[str, int]:
     conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READWRITE)
     try:
         conn.setbusytimeout(5000)
-        newest = conn.execute("SELECT coalesce(max(id), 0) FROM write_log").fetchall()[0][0]
-        turns = conn.execute("SELECT count(*) FROM transcript").fetchall()[0][0]
+        newest: Any = conn.execute("SELECT coalesce(max(id), 0) FROM write_log").fetchall()[0][0]
+        turns: Any = conn.execute("SELECT count(*) FROM transcript").fetchall()[0][0]
     finally:
         conn.close()
     return {"write_log_id": int(newest), "turns": int(turns)}
