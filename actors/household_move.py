@@ -35,7 +35,7 @@ step 3 carries it and step 4 checks it arrived.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 from actors.common import CRON, EPISODES, GRAPH, RECALL, TRANSCRIPT, TURNS
 from actors.household_routing import actor_name, node_settings, publish, resolve_node, route
@@ -100,7 +100,7 @@ def move(settings: Settings, household: str, to: str) -> dict[str, Any]:
                          "its replica")
     ns = settings.runtime.namespace
     hub_transcript = ray.get_actor(TRANSCRIPT, namespace=ns)
-    hub: dict[str, Any] = ray.get(hub_transcript.where.remote(), timeout=60)
+    hub = cast(dict[str, Any], ray.get(hub_transcript.where.remote(), timeout=60))
     target, target_id = resolve_node(to, hub["node_id"])
     source = route(ns, household)
     report: dict[str, Any] = {"household": household, "from": source, "to": target,
