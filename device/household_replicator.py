@@ -217,6 +217,15 @@ class HouseholdReplicator:
         with nothing writing ``db`` (a move closes it in every owner first).
         The transaction id the replica holds."""
         self.register(db, replica_url)
+        # a store just registered is not read yet: ``/stop`` alone then uploads
+        # nothing (seen: "no matching backup files"). ``/sync`` with ``wait``
+        # reads it and waits for the upload; safe here, as nothing writes it
+        # (in 0.5.17 it races the sync loop only while writes go on:
+        # device/replicator.py, Replicator.sync_now).
+        path = os.path.abspath(db)
+        with self._lock:
+            self._call("/sync", {"path": path, "wait": True, "timeout": int(timeout_s)},
+                       timeout_s)
         return self.release(db, timeout_s)
 
     def registered(self) -> list[str]:
