@@ -61,6 +61,18 @@ class CitesForgotten(BadRequest, StaleCitation):
     runtime as in-process."""
 
 
+class HouseholdMoving(RuntimeError):
+    """The household is being moved to another node (``reverie household move``):
+    the request was refused before it was carried out, so sending it again is
+    safe; the clients (``actors/handles.py``) do, until the move ends. Not a
+    ValueError: over HTTP it is a 503 with ``Retry-After``, not a 400."""
+
+
+class HouseholdElsewhere(RuntimeError):
+    """The household is served from another node now (it moved): refused
+    before it was carried out; a client looks its route up again and resends."""
+
+
 def bad_request(exc: ValidationError | ValueError) -> BadRequest:
     if isinstance(exc, StaleCitation):
         return CitesForgotten(exc.what, exc.refs)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -34,10 +35,13 @@ from actors.common import (
     TRANSCRIPT,
     TURNS,
     BadRequest,
+    HouseholdElsewhere,
+    HouseholdMoving,
     bad_request,
     own_ref,
     unwrap,
 )
+from actors.household_routing import OWNERS, actor_name, route
 from actors.messages import (
     Ack,
     Activity,
@@ -121,6 +125,7 @@ from runtime.store.households import check_id
 log = logging.getLogger(__name__)
 
 CALL_TIMEOUT_S = 60.0
+MOVE_POLL_S = 0.2  # a request refused while its household moves is sent again this often
 
 R = TypeVar("R")
 Kind = Literal["turn", "episode", "fact"]
@@ -176,15 +181,23 @@ class ActorClient:
         """A request that says only which household (for calls without a message)."""
         return Request(household=self.household)
 
+    def actor_name(self) -> str:
+        """The actor serving this client's household: an owner of the node its
+        route names (``actors/household_routing.py``); ``home``'s is the hub's."""
+        if self.household == HUB_HOUSEHOLD or self.name not in OWNERS:
+            return self.name
+        return actor_name(self.name, route(self.namespace, self.household))
+
     @property
     def handle(self) -> Any:
         """The Ray handle, looked up on first use and after the actor was gone."""
         with self._lock:
             if self._handle is None:
+                name = self.actor_name()
                 try:
-                    self._handle = ray.get_actor(self.name, namespace=self.namespace)
+                    self._handle = ray.get_actor(name, namespace=self.namespace)
                 except ValueError:
-                    raise NoActor(f"no {self.name} actor in namespace "
+                    raise NoActor(f"no {name} actor in namespace "
                                   f"{self.namespace!r}") from None
             return self._handle
 
@@ -205,15 +218,27 @@ class ActorClient:
         wait = self.timeout_s if timeout is None else timeout
         attempts = 2 if retry else 1
         args = self._ours(args)
-        for attempt in range(attempts):
+        # A household being moved, or moved: the owner refused the request before
+        # carrying it out, so it is sent again (to the node its route names now),
+        # until the move ends or the call's time is up.
+        deadline = time.monotonic() + wait
+        attempt = 0
+        while attempt < attempts:
             handle = self.handle
             try:
                 out = ray.get(getattr(handle, method).remote(*args), timeout=wait)
             except RayTaskError as exc:  # raised inside the callee: hand it on as itself
-                raise unwrap(exc) from None
+                cause = unwrap(exc)
+                if (isinstance(cause, HouseholdMoving | HouseholdElsewhere)
+                        and time.monotonic() + MOVE_POLL_S < deadline):
+                    self._gone(handle)
+                    time.sleep(MOVE_POLL_S)
+                    continue
+                raise cause from None
             except GONE:
+                attempt += 1
                 self._gone(handle)
-                if attempt + 1 == attempts:
+                if attempt == attempts:
                     raise
                 log.info("%s actor gone; calling %s again on a fresh handle",
                          self.name, method)

@@ -23,19 +23,28 @@ from __future__ import annotations
 import inspect
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from actors.common import BadRequest
+from actors.common import BadRequest, HouseholdElsewhere, HouseholdMoving
+from actors.household_routing import node_settings, route
 from runtime.config import HUB_HOUSEHOLD, Settings
-from runtime.store.households import Households, check_id
+from runtime.store.household_routes import HUB_NODE
+from runtime.store.households import Households, check_id, store_marks
+
+if TYPE_CHECKING:
+    from device.household_replicator import HouseholdReplicator
 
 log = logging.getLogger(__name__)
 
 # Methods every open household answers (the router returns the hub's answer).
 BROADCAST = ("save", "flush")
+# How long a move waits for the requests and job runs under way in a household.
+MOVE_DRAIN_S = 120.0
 
 
 def household_of(msg: object) -> str:
@@ -59,29 +68,49 @@ class Served:
     in use). ``hub_only``: this owner serves the hub's household only."""
 
     def __init__(self, settings: Settings, open_one: Callable[[Settings], Any],
-                 what: str, hub_only: bool = False) -> None:
+                 what: str, hub_only: bool = False, node: str = HUB_NODE) -> None:
         self.registry = Households(settings)
         self.open_one = open_one
         self.what = what
+        self.node = node
         self.hub_only = hub_only or not self.registry.enabled
         self.max_open = settings.households.max_open if not self.hub_only else 1
         self._open: OrderedDict[str, Any] = OrderedDict()
         self._busy: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)  # a lease ended
+        self._moving: set[str] = set()  # refused until the move ends (HouseholdMoving)
         self.opened = 0  # instances opened so far (the LRU test, status)
         self.closed = 0
+        # which node serves a household, asked when one is opened (households on)
+        self.route: Callable[[str], str] | None = None
+        # told when a household is opened / closed here (the replication host)
+        self.on_open: Callable[[str, Settings], None] | None = None
+        self.on_close: Callable[[str], None] | None = None
 
     def _instance(self, household: str) -> Any:
         """Under the lock: the open instance, opened (and others closed) if need be."""
+        if household in self._moving:
+            raise HouseholdMoving(f"household {household!r} is being moved; try again")
+        if household == HUB_HOUSEHOLD and self.node != HUB_NODE:
+            raise HouseholdElsewhere("the hub's own household is served by the hub")
         found = self._open.get(household)
         if found is not None:
             self._open.move_to_end(household)
             return found
+        if household != HUB_HOUSEHOLD and self.route is not None and not self.hub_only:
+            serving = self.route(household)
+            if serving != self.node:
+                raise HouseholdElsewhere(f"household {household!r} is served by node "
+                                         f"{serving!r}, not {self.node!r}")
         if household != HUB_HOUSEHOLD and (self.hub_only or not self.registry.known(household)):
             raise BadRequest(f"household {household!r} is not served by the {self.what} actor")
-        found = self.open_one(self.registry.settings_for(household))
+        own = self.registry.settings_for(household)
+        found = self.open_one(own)
         self.opened += 1
         self._open[household] = found
+        if self.on_open is not None and household != HUB_HOUSEHOLD:
+            self.on_open(household, own)
         self._evict()
         return found
 
@@ -100,6 +129,8 @@ class Served:
                 except Exception as exc:  # closing is best effort; SQLite is the truth
                     log.warning("%s: closing household %s failed: %s", self.what,
                                 household, type(exc).__name__)
+            if self.on_close is not None:
+                self.on_close(household)
 
     @contextmanager
     def lease(self, household: str) -> Iterator[Any]:
@@ -115,6 +146,7 @@ class Served:
                 if not self._busy[household]:
                     del self._busy[household]
                 self._evict()
+                self._idle.notify_all()
 
     def close(self, household: str) -> bool:
         """Close ``household`` now if it is open (``reverie household stop``);
@@ -130,7 +162,43 @@ class Served:
         close = getattr(found, "close", None)
         if close is not None:
             close()
+        if self.on_close is not None:
+            self.on_close(household)
         return True
+
+    def begin_move(self, household: str, wait_s: float) -> bool:
+        """Refuse ``household`` from now on (:class:`HouseholdMoving`), wait (at
+        most ``wait_s``) for the requests and job runs under way in it to end,
+        then close it. Whether it was open; TimeoutError (and no longer
+        refused) when it stayed busy."""
+        deadline = time.monotonic() + wait_s
+        with self._lock:
+            self._moving.add(household)
+            while True:
+                found = self._open.get(household)
+                if not self._busy.get(household) and (found is None or not _is_busy(found)):
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    self._moving.discard(household)
+                    raise TimeoutError(f"household {household!r} stayed busy in the "
+                                       f"{self.what} actor for {wait_s:.0f} s")
+                self._idle.wait(min(left, 0.5))  # a job run ends without a lease
+            if found is None:
+                return False
+            del self._open[household]
+            self.closed += 1
+        close = getattr(found, "close", None)
+        if close is not None:
+            close()
+        if self.on_close is not None:
+            self.on_close(household)
+        return True
+
+    def end_move(self, household: str) -> None:
+        """Serve ``household`` again (if it is still served here: the route says)."""
+        with self._lock:
+            self._moving.discard(household)
 
     def hub(self) -> Any:
         with self._lock:
@@ -162,6 +230,8 @@ class HouseholdRouter:
     """The base of every owner actor made by :func:`serving`."""
 
     served: Served
+    _replication: HouseholdReplicator | None
+    _replicating: ThreadPoolExecutor
 
     def ping(self, msg: object = None) -> str:
         return "ok"
@@ -175,6 +245,64 @@ class HouseholdRouter:
             raise BadRequest("the hub's own household is not closed")
         return self.served.close(household)
 
+    def begin_move(self, msg: object = None) -> bool:
+        """A move of the household ``msg`` names begins: refused here from now
+        on (retryable), closed once what is under way in it ended. Whether it
+        was open here."""
+        household = household_of(msg)
+        if household == HUB_HOUSEHOLD:
+            raise BadRequest("the hub's own household does not move")
+        return self.served.begin_move(household, MOVE_DRAIN_S)
+
+    def end_move(self, msg: object = None) -> None:
+        """The move ended (done or given up): requests are no longer refused as
+        moving (a household that left is then refused as served elsewhere)."""
+        self.served.end_move(household_of(msg))
+
+    def where(self, msg: object = None) -> dict[str, Any]:
+        """This owner's node: its name, its Ray node id, its households' root."""
+        import ray
+
+        return {"node": self.served.node, "node_id": ray.get_runtime_context().get_node_id(),
+                "root": str(self.served.registry.root)}
+
+    def final_sync(self, msg: object = None) -> dict[str, Any]:
+        """Every write of the household ``msg`` names into its replica now (the
+        replication host, the Transcript owner; the household closed in every
+        owner here first: :meth:`begin_move`). Its ``txid`` then, and what its
+        store holds (``write_log_id``, ``turns``)."""
+        household = household_of(msg)
+        replication = self._replication
+        if replication is None:
+            raise BadRequest("no replica configured (replica.url): a household moves "
+                             "through its replica")
+        if household == HUB_HOUSEHOLD or household in self.served.open_ids():
+            raise BadRequest(f"household {household!r} is open here; begin the move first")
+        own = self.served.registry.settings_for_new(household)
+        if not own.store.path.is_file():
+            raise BadRequest(f"household {household!r} has no store on this node")
+        txid = self._replicating.submit(replication.final_sync, own.store.path,
+                                        own.replica.url).result(timeout=300)
+        return {"txid": txid, **store_marks(own.store.path)}
+
+    def retire(self, msg: object = None) -> list[str]:
+        """After the household ``msg`` names moved away (its route no longer
+        says this node): marked moved here, its store removed. The names removed."""
+        household = household_of(msg)
+        now = self.served.route(household) if self.served.route is not None else HUB_NODE
+        if now == self.served.node:
+            raise BadRequest(f"household {household!r} is still routed to this node")
+        if household in self.served.open_ids():
+            raise BadRequest(f"household {household!r} is open here")
+        return self.served.registry.retire(household, now)
+
+    def stop_replication(self, msg: object = None) -> None:
+        """Stop the households' Litestream here (it uploads what it has read)."""
+        if self._replication is not None:
+            self._replicating.shutdown(wait=True)
+            self._replication.stop()
+            self._replication = None
+
     def households(self, msg: object = None) -> dict[str, Any]:
         """Which households are open here, and how many were opened and closed."""
         return {"open": self.served.open_ids(), "opened": self.served.opened,
@@ -182,7 +310,8 @@ class HouseholdRouter:
 
     def __getattr__(self, name: str) -> Any:
         # in process (tests), the hub's instance's attributes read through
-        if name in ("served", "_sweeping") or name.startswith("__"):
+        if name in ("served", "_sweeping", "_replication", "_replicating") \
+                or name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.served.hub(), name)
 
@@ -217,10 +346,45 @@ class HouseholdRouter:
     def stop(self, msg: object = None) -> None:
         """End the sweep and every open household's own threads."""
         self._sweeping.set()
+        self.stop_replication()
         for one in self.served.all_open():
             stop = getattr(one, "stop", None)
             if stop is not None:
                 stop()
+
+
+def _start_replication(self: HouseholdRouter, settings: Settings) -> None:
+    """This node's households' Litestream, hooked to the LRU (register on open,
+    final sync and release on close), its calls in order on one thread."""
+    from device.household_replicator import HouseholdReplicator
+
+    replication = HouseholdReplicator(settings, self.served.registry.root)
+    try:
+        replication.start()
+    except Exception as exc:  # the households are served; moves refuse (no replication)
+        log.error("households' litestream did not start: %s", exc)
+        return
+    self._replication = replication
+    self._replicating = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replicate")
+    registry = self.served.registry
+
+    def opened(household: str, own: Settings) -> None:
+        self._replicating.submit(_quietly, "register", replication.register,
+                                 own.store.path, own.replica.url)
+
+    def closed(household: str) -> None:
+        path = registry.settings_for_new(household).store.path
+        self._replicating.submit(_quietly, "release", replication.release, path)
+
+    self.served.on_open = opened
+    self.served.on_close = closed
+
+
+def _quietly(what: str, fn: Callable[..., Any], *args: Any) -> None:
+    try:
+        fn(*args)
+    except Exception as exc:  # Litestream catches up at the next registration
+        log.warning("households' litestream: %s failed: %s", what, exc)
 
 
 def _takes_message(fn: Callable[..., Any]) -> bool:
@@ -258,15 +422,24 @@ def _broadcast(name: str) -> Callable[..., Any]:
 
 def serving(one: type, name: str, hub_only: bool = False,
             shared: Callable[[Settings], dict[str, Any]] | None = None,
-            sweep: bool = False) -> type:
+            sweep: bool = False, replicates: bool = False) -> type:
     """The actor class ``name`` serving households, each an instance of ``one``
     built with that household's settings (and the constructor's other
     arguments; ``shared``: keyword arguments made once per actor, such as
     Recall's model, and given to every household's instance). ``sweep``
     (Cron): with households on, a thread ticks every household but the hub's
-    every ``jobs.check_every_s`` (:meth:`HouseholdRouter.sweep`)."""
+    every ``jobs.check_every_s`` (:meth:`HouseholdRouter.sweep`).
+    ``replicates`` (Transcript): with households and a replica on, this owner
+    runs its node's households' Litestream (:mod:`device.household_replicator`)
+    and registers each household it opens, releasing each it closes.
+
+    The keyword argument ``node`` (a node's name, ``actors/household_routing.py``)
+    makes an owner of that node: it serves the households routed there, from
+    that node's root, and not the hub's own."""
 
     def __init__(self: HouseholdRouter, settings: Settings, *args: Any, **kwargs: Any) -> None:
+        node = kwargs.pop("node", HUB_NODE)
+        settings = node_settings(settings, node)
         extra: dict[str, Any] = {}
         made = False
 
@@ -277,18 +450,28 @@ def serving(one: type, name: str, hub_only: bool = False,
                 made = True
             return one(own, *args, **kwargs, **extra)
 
-        self.served = Served(settings, open_one, name, hub_only)
+        self.served = Served(settings, open_one, name, hub_only, node)
         self._sweeping = threading.Event()
-        self.served.hub()  # the hub's household opens at start, as before
+        self._replication = None
+        if not self.served.hub_only:
+            namespace = settings.runtime.namespace
+            self.served.route = lambda household: route(namespace, household)
+            if replicates and settings.replica.enabled:
+                self._start_replication(settings)
+        if node == HUB_NODE:
+            self.served.hub()  # the hub's household opens at start, as before
         if sweep and not self.served.hub_only and kwargs.get("background", True):
             threading.Thread(target=self._sweep_loop, args=(settings.jobs.check_every_s,),
                              name="household-sweep", daemon=True).start()
 
-    attrs: dict[str, Any] = {"__init__": __init__, "__doc__": one.__doc__,
-                             "__module__": one.__module__, "__qualname__": name}
+    attrs: dict[str, Any] = {"__init__": __init__, "_start_replication": _start_replication,
+                             "__doc__": one.__doc__, "__module__": one.__module__,
+                             "__qualname__": name}
     for attr, fn in inspect.getmembers(one, inspect.isfunction):
         if attr.startswith("_") or attr in ("ping", "close", "households", "busy", "sweep",
-                                                   "close_household",
+                                                   "close_household", "begin_move",
+                                                   "end_move", "where", "final_sync",
+                                                   "retire", "stop_replication",
                                                    "stop"):
             continue
         attrs[attr] = _broadcast(attr) if attr in BROADCAST else _forward(attr, fn)

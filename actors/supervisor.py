@@ -26,6 +26,7 @@ import ray
 
 from actors.cluster.placement import pin_here
 from actors.common import (
+    ACTORS,
     CRON,
     EDGE,
     EPISODES,
@@ -50,6 +51,7 @@ from actors.handles import (
     TranscriptClient,
     TurnsClient,
 )
+from actors.household_routing import actor_name, nodes, publish_all
 from actors.http.server import HttpActor
 from actors.memory_writers import EpisodesActor, GraphActor
 from actors.messages import Status
@@ -64,6 +66,8 @@ from actors.transcript import TranscriptActor
 from actors.turns import TurnsActor
 from device.replicator import Replicator
 from runtime.config import Settings
+from runtime.store.household_routes import load_routes
+from runtime.store.households import Households
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -125,6 +129,11 @@ class Supervisor:
         # Litestream, once the store exists (the transcript actor created it): a
         # child of this process, supervised by a thread (device/replicator.py);
         # its status goes to a file `reverie status` reads (replica_status.py).
+        # households served by other nodes (``reverie household move``): the
+        # routes into Ray's key-value store, and those nodes' owners started
+        self.node_owners: dict[str, dict[str, Any]] = {}
+        if settings.households.enabled:
+            self._start_routes()
         self.replicator = Replicator(settings)
         self._reporting = threading.Event()
         self._reporter: threading.Thread | None = None
@@ -133,6 +142,18 @@ class Supervisor:
             self._reporter = threading.Thread(target=self._report_replica,
                                               name="replica-status", daemon=True)
             self._reporter.start()
+
+    def _start_routes(self) -> None:
+        routes = load_routes(Households(self.settings).root)
+        publish_all(self.namespace, routes)
+        live = nodes()
+        for node in sorted(set(routes.values())):
+            if node not in live:
+                log.error("node %s serves %d household(s) and is not in the cluster: they "
+                          "are not served until it joins", node,
+                          sum(1 for n in routes.values() if n == node))
+                continue
+            self.node_owners[node] = start_node_owners(self.settings, node, live[node])
 
     def _report_replica(self) -> None:
         while not self._reporting.wait(REPLICA_REPORT_S):
@@ -173,9 +194,18 @@ class Supervisor:
                 ray.get(self.handles[EDGE].stop.remote(), timeout=30)
             except Exception as exc:
                 log.warning("the edge did not stop cleanly: %s", type(exc).__name__)
+        households = self.settings.households.enabled
+        for transcript in _transcripts(self.namespace) if households else []:
+            try:  # the households' litestream
+                ray.get(transcript.stop_replication.remote(), timeout=30)
+            except Exception as exc:
+                log.warning("households' replication did not stop cleanly: %s",
+                            type(exc).__name__)
         for name in reversed(self.names):
             if name in self.handles:
                 ray.kill(self.handles[name], no_restart=True)
+        for handle in _node_owner_handles(self.namespace) if households else []:
+            ray.kill(handle, no_restart=True)
         self.handles.clear()
         self.clients.clear()
         self._reporting.set()
@@ -192,6 +222,54 @@ class Supervisor:
         if HTTP not in self.handles:
             return None
         return self.http.address(timeout=PING_TIMEOUT_S) or None
+
+
+def start_node_owners(settings: Settings, node: str, node_id: str) -> dict[str, Any]:
+    """The owners of ``node`` (``transcript@NODE``, ...), pinned to it; those
+    running already are kept. Detached: whoever starts them (the runtime at
+    start, ``reverie household move``), the runtime's stop ends them."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    rt = settings.runtime
+    handles: dict[str, Any] = {}
+    for name in ACTORS:
+        cls: Any = ray.remote(CLASSES[name])
+        handles[name] = cls.options(
+            name=actor_name(name, node), namespace=settings.runtime.namespace, num_cpus=0,
+            max_restarts=rt.max_restarts, max_task_retries=RETRIES[name],
+            max_pending_calls=rt.max_pending_calls, get_if_exists=True, lifetime="detached",
+            max_concurrency=MAX_CONCURRENCY.get(name, 1),
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node_id, soft=False),
+        ).remote(settings, node=node)
+    ray.get([h.ping.remote() for h in handles.values()], timeout=300)
+    return handles
+
+
+def _node_owner_handles(namespace: str) -> list[Any]:
+    found = []
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        if entry["namespace"] == namespace and "@" in entry["name"] \
+                and entry["name"].split("@", 1)[0] in ACTORS:
+            try:
+                found.append(ray.get_actor(entry["name"], namespace=namespace))
+            except ValueError:
+                continue
+    return found
+
+
+def _transcripts(namespace: str) -> list[Any]:
+    """Every Transcript owner (the hub's and the nodes'): each may run its
+    node's households' Litestream."""
+    found = []
+    for entry in ray.util.list_named_actors(all_namespaces=True):
+        name = entry["name"]
+        if entry["namespace"] == namespace and (name == TRANSCRIPT
+                                                or name.startswith(TRANSCRIPT + "@")):
+            try:
+                found.append(ray.get_actor(name, namespace=namespace))
+            except ValueError:
+                continue
+    return found
 
 
 def start(settings: Settings, cluster: bool = False) -> Supervisor:

@@ -150,4 +150,4 @@ class HouseholdTranscript:
 
 
 # The actor: the households it serves, each a HouseholdTranscript (actors/households.py).
-TranscriptActor = serving(HouseholdTranscript, "TranscriptActor")
+TranscriptActor = serving(HouseholdTranscript, "TranscriptActor", replicates=True)

@@ -10,11 +10,17 @@ serves (``[households] enabled``; :mod:`runtime.store.households`).
   backup, while the runtime runs), 0600. The vector index is derived: it is
   rebuilt from the store.
 - ``delete ID --yes``: stopped, then its directory removed for good.
+- ``move ID --to NODE``: served from another node from now on, through its
+  replica (``actors/household_move.py``): writes held back (refused as
+  retryable) while it moves, a final sync, a restore on that node, the route
+  flipped (``<root>/routes.json``), the old copy removed. NODE is a node's
+  name (``reverie join --name NAME``; the hub is ``hub``) or its Ray node id.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 from pathlib import Path
 
@@ -110,9 +116,39 @@ def cmd_household_delete(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def cmd_household_move(args: argparse.Namespace, settings: Settings) -> int:
+    import ray
+
+    from actors.discovery import NoRuntime, connect
+    from actors.household_move import move
+
+    registry = Households(settings)
+    registry.dir_of(args.id)  # a bad id is refused before anything is asked
+    if not ray.is_initialized():
+        try:
+            connect(settings)
+        except NoRuntime as exc:
+            print(f"error: {exc}")
+            return EXIT_BAD_INPUT
+    try:
+        report = move(settings, args.id, args.to)
+    except ValueError as exc:
+        print(f"error: {exc}")
+        return EXIT_BAD_INPUT
+    if args.json:
+        print(json.dumps(report, indent=1))
+    elif not report["moved"]:
+        print(f"household {args.id} is served by {report['to']} already")
+    else:
+        print(f"household {args.id} moved from {report['from']} to {report['to']} in "
+              f"{report['seconds']:.1f} s ({report['restored']['turns']} turns, write log "
+              f"{report['restored']['write_log_id']})")
+    return EXIT_OK
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     household = sub.add_parser("household", help="the households this runtime serves "
-                               "([households] enabled): add, stop, export, delete")
+                               "([households] enabled): add, stop, export, delete, move")
     household_sub = household.add_subparsers(dest="household_command", required=True)
     add = household_sub.add_parser("add", help="add a household (or serve a stopped one again)")
     add.add_argument("id", help="lower-case letters, digits and dashes")
@@ -128,3 +164,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     delete.add_argument("id")
     delete.add_argument("--yes", action="store_true", help="do not ask")
     delete.set_defaults(func=cmd_household_delete)
+    move = household_sub.add_parser("move", help="serve a household from another node, "
+                                    "through its replica")
+    move.add_argument("id")
+    move.add_argument("--to", required=True, metavar="NODE",
+                      help="the node's name (reverie join --name; the hub is 'hub') "
+                           "or its Ray node id")
+    move.add_argument("--json", action="store_true", help="the report as JSON")
+    move.set_defaults(func=cmd_household_move)

@@ -30,7 +30,7 @@ def cmd_run(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_join(args: argparse.Namespace, settings: Settings) -> int:
     from actors.cluster.join import join
 
-    return join(settings, args.address)
+    return join(settings, args.address, getattr(args, "name", None))
 
 
 def cmd_cluster_init(args: argparse.Namespace, settings: Settings) -> int:

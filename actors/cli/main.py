@@ -104,6 +104,9 @@ def parser() -> argparse.ArgumentParser:
     join = sub.add_parser("join", help="make this machine a helper node of a household's "
                           "cluster: it runs jobs (docs/scaling.md)")
     join.add_argument("address", help="the head's address, host:port")
+    join.add_argument("--name", metavar="NAME", help="this node's name: it can serve "
+                      "households (`reverie household move ID --to NAME`), kept under "
+                      "this machine's [households] root")
     join.set_defaults(func=cmd_join)
 
     cluster = sub.add_parser("cluster", help="the household's cluster certificates and token")

@@ -10,6 +10,11 @@ cluster issue`` on the hub makes them); without them it refuses (exit 3, with
 the reason) before any port opens. It runs in the foreground until Ctrl-C or
 SIGTERM, then stops its node; the hub's jobs go back to the hub once Ray has
 noticed (its health checks).
+
+``--name NAME`` also makes it a node that can serve households (``reverie
+household move ID --to NAME``): the Ray label ``reverie-node=NAME``, and the
+households moved there are kept under this machine's ``[households] root``
+(given to its Ray processes as ``REVERIE_HOUSEHOLDS_ROOT``).
 """
 
 from __future__ import annotations
@@ -28,12 +33,22 @@ from runtime.config import Settings
 log = logging.getLogger(__name__)
 
 
-def helper_params(settings: Settings, address: str, node_ip: str) -> Any:
-    """Ray's parameters for a helper node joining ``address``."""
+def helper_params(settings: Settings, address: str, node_ip: str,
+                  name: str | None = None) -> Any:
+    """Ray's parameters for a helper node joining ``address`` (``name``: a node
+    that can serve households, ``actors/household_routing.py``)."""
     from ray._private.parameter import RayParams
 
+    from actors.household_routing import LABEL, ROOT_ENV
+    from runtime.store.household_routes import check_node
+    from runtime.store.households import Households
+
     cl = settings.cluster
-    return RayParams(gcs_address=address, node_ip_address=node_ip,
+    named: dict[str, Any] = {}
+    if name is not None:
+        named = {"labels": {LABEL: check_node(name)},
+                 "env_vars": {ROOT_ENV: str(Households(settings).root)}}
+    return RayParams(gcs_address=address, node_ip_address=node_ip, **named,
                      num_cpus=settings.runtime.num_cpus,
                      resources={cl.job_resource: float(cl.job_slots)},
                      object_store_memory=settings.runtime.object_store_mb * 1024 * 1024,
@@ -42,7 +57,7 @@ def helper_params(settings: Settings, address: str, node_ip: str) -> Any:
                      no_monitor=True)
 
 
-def join(settings: Settings, address: str) -> int:
+def join(settings: Settings, address: str, name: str | None = None) -> int:
     """Run a helper node for the cluster at ``address`` until Ctrl-C; the exit code."""
     node_ip = settings.cluster.node_ip or routable_ip()
     files = cluster_files(settings)
@@ -63,7 +78,7 @@ def join(settings: Settings, address: str) -> int:
           f"({settings.cluster.job_slots} of {settings.cluster.job_resource})…",
           file=sys.stderr, flush=True)
     with cluster_node():
-        node = Node(helper_params(settings, address, node_ip), head=False,
+        node = Node(helper_params(settings, address, node_ip, name), head=False,
                     shutdown_at_exit=True, spawn_reaper=True)
     log.debug("helper node %s in %s", node.node_id, params_dir)
     stop = threading.Event()

@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from actors import metrics
+from actors.common import HouseholdMoving
 from actors.http.audience import (
     ADMIN,
     STRANGER,
@@ -310,6 +311,13 @@ def make_app(settings: Settings, token: str, backend: Backend,
         # BadRequest (a ValueError) from an actor, a bad ref, a refused message
         first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return _error(400, first, "invalid_request_error")
+
+    @app.exception_handler(HouseholdMoving)
+    async def _moving(request: Request, exc: HouseholdMoving) -> JSONResponse:
+        # the household is moving to another node: nothing was done; send it again
+        response = _error(503, str(exc), "household_moving")
+        response.headers["Retry-After"] = "1"
+        return response
 
     @app.exception_handler(Refused)
     async def _refused(request: Request, exc: Refused) -> JSONResponse:

@@ -79,7 +79,7 @@ class HouseholdsApp:
             check_id(household)
         except ValueError:
             return None
-        if not self.registry.known(household):  # stopped or deleted since: not served
+        if not self.registry.served_somewhere(household):  # stopped or deleted since: not served
             self._apps.pop(household, None)
             life = self._lifespans.pop(household, None)
             if life is not None:
@@ -94,9 +94,9 @@ class HouseholdsApp:
             found = self._apps.get(household)
             if found is not None:
                 return found
-            if not self.registry.known(household):
+            if not self.registry.served_somewhere(household):
                 return None
-            app = self.build(self.registry.settings_for(household))
+            app = self.build(self.registry.settings_for_new(household))
             life = _Lifespan(app)
             await life.start()
             if life.failed:

@@ -23,6 +23,7 @@ import re
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 from runtime.config import HOUSEHOLD_ID, HUB_HOUSEHOLD, Settings
 from runtime.store.database import Store
@@ -31,6 +32,13 @@ from runtime.store.files import private_dir, write_private
 
 MARKER = "household.json"
 STOPPED = "stopped"  # beside the marker: registered, not served (``reverie household stop``)
+# beside the marker on a node a household moved away from: where it went; its
+# store is gone from here (``reverie household move``)
+MOVED = "moved.json"
+# What stays in a household's directory when it moves away: who it is and
+# the hub's HTTP credentials for it (the HTTP server runs on the hub); every
+# other file there is its store or made from it.
+IDENTITY = frozenset({MARKER, STOPPED, MOVED, "http-token", "http-tokens", "mcp-oauth.json"})
 HOUSEHOLDS_DIR = "households"
 _ID = re.compile(HOUSEHOLD_ID)
 
@@ -73,7 +81,7 @@ class Households:
             return True
         where = self.root / household
         return (self.enabled and (where / MARKER).is_file()
-                and not (where / STOPPED).exists())
+                and not (where / STOPPED).exists() and not (where / MOVED).exists())
 
     def ids(self) -> list[str]:
         """Every household served here, ``home`` first."""
@@ -81,7 +89,7 @@ class Households:
         if self.enabled and self.root.is_dir():
             others = sorted(p.name for p in self.root.iterdir()
                             if _ID.fullmatch(p.name) and (p / MARKER).is_file()
-                            and not (p / STOPPED).exists())
+                            and not (p / STOPPED).exists() and not (p / MOVED).exists())
         return [HUB_HOUSEHOLD, *(h for h in others if h != HUB_HOUSEHOLD)]
 
     def replica_url(self, household: str) -> str:
@@ -134,6 +142,68 @@ class Households:
         (where / STOPPED).unlink(missing_ok=True)
         return where
 
+    def served_somewhere(self, household: str) -> bool:
+        """Registered here and not stopped, whichever node serves it now (the
+        hub's HTTP server serves a household that moved to another node)."""
+        check_id(household)
+        where = self.root / household
+        return (household == HUB_HOUSEHOLD
+                or (self.enabled and (where / MARKER).is_file()
+                    and not (where / STOPPED).exists()))
+
+    def moved_to(self, household: str) -> str | None:
+        """The node ``household`` moved to from here, if it did."""
+        try:
+            return str(json.loads((self.dir_of(household) / MOVED).read_text())["to"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def retire(self, household: str, to: str, now: float | None = None) -> list[str]:
+        """After ``household`` moved to node ``to``: :data:`MOVED` written, then
+        every file of its directory but :data:`IDENTITY` removed (its store,
+        its index, what was made from them). The names removed."""
+        where = self.dir_of(household)
+        if household == HUB_HOUSEHOLD or not (where / MARKER).is_file():
+            raise UnknownHousehold(f"no household {household!r} here")
+        write_private(where / MOVED, json.dumps({"to": to, "at": time.time() if now is None
+                                                 else now}) + "\n")
+        gone = []
+        for entry in sorted(where.iterdir()):
+            if entry.name in IDENTITY:
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+            gone.append(entry.name)
+        return gone
+
+    def receive(self, household: str, marker: str) -> Path:
+        """Make ``household``'s directory ready for a restored store (a move to
+        this node): 0700, the marker (its content from the hub's), no store yet
+        (FileExistsError when there is one). The store path to restore into."""
+        where = private_dir(self.dir_of(household))
+        own = self.settings_for_new(household)
+        if own.store.path.exists():
+            raise FileExistsError(f"household {household!r} already has a store here "
+                                  f"({own.store.path})")
+        for entry in where.iterdir():  # what an earlier stay here left (moved away since)
+            if entry.name not in IDENTITY:
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+        if not (where / MARKER).is_file():
+            write_private(where / MARKER, marker)
+        return own.store.path
+
+    def arrived(self, household: str) -> None:
+        """The restored store is in place: served here (no :data:`MOVED` left)."""
+        (self.dir_of(household) / MOVED).unlink(missing_ok=True)
+
+    def marker(self, household: str) -> str:
+        return (self.dir_of(household) / MARKER).read_text(encoding="utf-8")
+
     def registered(self, household: str) -> bool:
         """Whether ``household`` was added here (stopped or not)."""
         check_id(household)
@@ -155,3 +225,18 @@ class Households:
         if not self.registered(household):
             raise UnknownHousehold(f"no household {household!r} here")
         shutil.rmtree(self.dir_of(household))
+
+
+def store_marks(path: Path) -> dict[str, int]:
+    """What a store holds, to compare a restored copy with its source: the
+    newest write-log id and the number of transcript rows."""
+    import apsw
+
+    conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READWRITE)
+    try:
+        conn.setbusytimeout(5000)
+        newest: Any = conn.execute("SELECT coalesce(max(id), 0) FROM write_log").fetchall()[0][0]
+        turns: Any = conn.execute("SELECT count(*) FROM transcript").fetchall()[0][0]
+    finally:
+        conn.close()
+    return {"write_log_id": int(newest), "turns": int(turns)}

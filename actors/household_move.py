@@ -1,0 +1,156 @@
+"""``reverie household move ID --to NODE``: a household to another node, through its replica.
+
+Run by a driver connected to the runtime (the command line, on the hub).
+No shared filesystem is assumed: what is done on a node is done there, by
+that node's Transcript owner or by a task pinned to it.
+
+1. The target's owners are started if they are not (``transcript@NODE``, ...).
+2. The source's owners, callers first (Turns, Cron, Graph, Episodes, Recall,
+   Transcript), each refuse the household from now on with
+   :class:`actors.common.HouseholdMoving` (retryable: the clients send it again
+   until the move ends), wait for what is under way in it (a turn, a job run)
+   and close it. From here nothing writes its store.
+3. Final sync, on the source node: its store registered with that node's
+   Litestream and stopped, which waits for the upload
+   (:meth:`device.household_replicator.HouseholdReplicator.final_sync`); the
+   store's newest write-log id and turn count are read then.
+4. Restore, on the target node (a task pinned there): the replica restored
+   into the target's root, checked (``PRAGMA integrity_check``) and compared
+   with step 3: the copy must hold exactly that write-log id and that many
+   turns, else it is restored again until ``replica.max_lag_s``, then the
+   move is given up.
+5. The routing flips: ``<hub root>/routes.json`` (the truth, atomically), then
+   Ray's key-value store the clients read.
+6. The source's copy is retired (marked ``moved.json``, its store removed:
+   :meth:`runtime.store.households.Households.retire`), and the source's owners
+   stop refusing as "moving": they refuse as "served elsewhere", and clients
+   follow the new route.
+
+A failure before step 5 gives the move up: the source serves again, the
+target's partial copy is left to the next move (which clears it). Every
+acknowledged write was committed in the source store before step 2 ended, so
+step 3 carries it and step 4 checks it arrived.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, cast
+
+from actors.common import CRON, EPISODES, GRAPH, RECALL, TRANSCRIPT, TURNS
+from actors.household_routing import actor_name, node_settings, publish, resolve_node, route
+from actors.households import MOVE_DRAIN_S
+from actors.messages import Request
+from runtime.config import HUB_HOUSEHOLD, Settings
+from runtime.store.household_routes import HUB_NODE, save_route
+from runtime.store.households import Households, UnknownHousehold, check_id, store_marks
+
+# Callers before the owners they call: a turn under way in Turns still reaches
+# Transcript, which closes last.
+MOVE_ORDER = (TURNS, CRON, GRAPH, EPISODES, RECALL, TRANSCRIPT)
+RESTORE_POLL_S = 1.0
+
+
+def restore_here(settings: Settings, node: str, household: str, marker: str,
+                 expect: dict[str, int]) -> dict[str, Any]:
+    """On the target node: the household's replica restored into this node's
+    root, holding exactly ``expect`` (again until ``replica.max_lag_s``)."""
+    import ray
+
+    from device.replicator import ReplicaError, restore_into
+
+    registry = Households(node_settings(settings, node))
+    dest = registry.receive(household, marker)
+    own = registry.settings_for_new(household)
+    deadline = time.monotonic() + settings.replica.max_lag_s
+    started = time.monotonic()
+    while True:
+        restore_into(own, dest)
+        marks = store_marks(dest)
+        if marks == expect:
+            break
+        dest.unlink()
+        if time.monotonic() > deadline:
+            raise ReplicaError(f"the replica of household {household!r} holds {marks}, "
+                               f"not {expect}, after {settings.replica.max_lag_s:g} s")
+        time.sleep(RESTORE_POLL_S)  # the replica is behind: its upload is on its way
+    registry.arrived(household)
+    return {"path": str(dest), "node_id": ray.get_runtime_context().get_node_id(),
+            "restore_s": round(time.monotonic() - started, 3), **marks}
+
+
+def move(settings: Settings, household: str, to: str) -> dict[str, Any]:
+    """Move ``household`` to the node ``to`` (its name or its Ray node id); what
+    was done, with the time each step took. ValueError when it cannot start."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from actors.supervisor import start_node_owners
+
+    check_id(household)
+    if household == HUB_HOUSEHOLD:
+        raise ValueError(f"{HUB_HOUSEHOLD!r} is the hub's own household; it does not move")
+    registry = Households(settings)
+    if not registry.enabled:
+        raise ValueError("households.enabled is false: this runtime serves one household")
+    if not registry.served_somewhere(household):
+        raise UnknownHousehold(f"no household {household!r} here")
+    if not settings.replica.enabled:
+        raise ValueError("no replica configured (replica.url): a household moves through "
+                         "its replica")
+    ns = settings.runtime.namespace
+    hub_transcript = ray.get_actor(TRANSCRIPT, namespace=ns)
+    hub = cast(dict[str, Any], ray.get(hub_transcript.where.remote(), timeout=60))
+    target, target_id = resolve_node(to, hub["node_id"])
+    source = route(ns, household)
+    report: dict[str, Any] = {"household": household, "from": source, "to": target,
+                              "moved": False}
+    if source == target:
+        return report
+    steps: dict[str, float] = {}
+    began = mark = time.monotonic()
+
+    def step(name: str) -> None:
+        nonlocal mark
+        now = time.monotonic()
+        steps[name] = round(now - mark, 3)
+        mark = now
+
+    if target != HUB_NODE:
+        start_node_owners(settings, target, target_id)
+    step("target_owners")
+    owners = {name: ray.get_actor(actor_name(name, source), namespace=ns)
+              for name in MOVE_ORDER}
+    req = Request(household=household)
+    begun: list[str] = []
+    try:
+        for name in MOVE_ORDER:
+            ray.get(owners[name].begin_move.remote(req), timeout=MOVE_DRAIN_S + 30)
+            begun.append(name)
+        step("drain")
+        synced = ray.get(owners[TRANSCRIPT].final_sync.remote(req), timeout=330)
+        step("final_sync")
+        expect = {"write_log_id": synced["write_log_id"], "turns": synced["turns"]}
+        task: Any = ray.remote(restore_here)
+        restored = ray.get(task.options(
+            num_cpus=0, max_retries=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=target_id, soft=False),
+        ).remote(settings, target, household, registry.marker(household), expect),
+            timeout=settings.replica.max_lag_s + 600)
+        step("restore")
+        save_route(registry.root, household, target)
+        publish(ns, household, target)
+        step("flip")
+    except BaseException:
+        for name in begun:  # given up: the source serves again
+            ray.get(owners[name].end_move.remote(req), timeout=60)
+        raise
+    try:
+        report["retired"] = ray.get(owners[TRANSCRIPT].retire.remote(req), timeout=60)
+    finally:
+        for name in begun:
+            ray.get(owners[name].end_move.remote(req), timeout=60)
+    step("retire")
+    report.update(moved=True, synced=synced, restored=restored, steps=steps,
+                  seconds=round(time.monotonic() - began, 3))
+    return report
