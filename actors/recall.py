@@ -186,6 +186,12 @@ class HouseholdRecall:
         return _view(found)
 
     def save(self) -> Ack:
+        """The index to disk, with what is waiting for a vector indexed first (one
+        step: a stop does not wait for a whole backlog; the rest is indexed from
+        the database at the next start, as always). A memory written just before
+        a clean stop, its writer's notification still queued, is in the saved
+        index."""
+        self._unsaved += self.indexer.sync(limit=SYNC_STEP)
         self.index.save()
         self._unsaved = 0
         return Ack()
