@@ -44,12 +44,14 @@ from typing import Any
 
 from device.replicator import (
     SHUTDOWN_SYNC_TIMEOUT_S,
+    WAL_RESET_DUE,
     ReplicaError,
     _terminate,
     _yaml,
     binary,
     child_env,
     control_request,
+    reset_wal,
     retention_values,
 )
 from runtime.config import Settings
@@ -152,6 +154,7 @@ class HouseholdReplicator:
     def _watch(self) -> None:
         # wakes once every RESTART_AFTER_S, only with households and a replica on
         while not self._stopping.wait(RESTART_AFTER_S):
+            self.reset_wals_if_due()
             with self._lock:
                 proc = self._proc
                 if proc is None or proc.poll() is None or self._stopping.is_set():
@@ -227,6 +230,41 @@ class HouseholdReplicator:
             self._call("/sync", {"path": path, "wait": True, "timeout": int(timeout_s)},
                        timeout_s)
         return self.release(db, timeout_s)
+
+    def reset_wals_if_due(self) -> list[str]:
+        """After a forget in a household's store (its owner left the marker
+        :data:`device.replicator.WAL_RESET_DUE` beside it: the daemon's read
+        transaction kept ``wal_checkpoint(TRUNCATE)`` from resetting the WAL):
+        that store out of the daemon (a final sync, its read let go), its WAL
+        checkpointed and truncated, the store registered again (Litestream
+        then finds the WAL reset and takes a new snapshot). The hub's
+        :class:`device.replicator.Replicator` does the same for its own store
+        by stopping its daemon; here the other households' replication goes on.
+        The databases whose WAL was reset."""
+        done = []
+        with self._lock:
+            due = [(path, url) for path, url in self._registered.items()
+                   if (Path(path).parent / WAL_RESET_DUE).exists()]
+        for path, url in due:
+            with self._lock:
+                if self._registered.get(path) != url:
+                    continue  # released meanwhile (its close checkpointed it)
+                (Path(path).parent / WAL_RESET_DUE).unlink(missing_ok=True)
+                reset = False
+                try:
+                    self.release(Path(path))
+                    reset = reset_wal(Path(path), self.settings.store.busy_timeout_ms)
+                except Exception as exc:  # the watch thread goes on; the next forget retries
+                    log.warning("could not reset a household's WAL: %s", type(exc).__name__)
+                try:
+                    self.register(Path(path), url)
+                except Exception as exc:  # registered again after the daemon's restart
+                    log.error("could not register a household's store again: %s",
+                              type(exc).__name__)
+            log.info("a household's WAL reset after a forget", extra={"reset": reset})
+            if reset:
+                done.append(path)
+        return done
 
     def registered(self) -> list[str]:
         with self._lock:

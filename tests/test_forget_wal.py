@@ -171,3 +171,51 @@ def test_forgotten_text_leaves_the_file_replica_within_its_retention(
     assert contents(copy) == expected
     assert SECRET.encode() not in copy.read_bytes()
     store.close()
+
+
+def test_a_households_wal_is_reset_after_a_forget_with_its_litestream_running(
+        tmp_path: Path) -> None:
+    """Many households (issue 26): a household's store is replicated by its
+    node's one Litestream (device.household_replicator), whose read transaction
+    keeps the forget's own ``wal_checkpoint(TRUNCATE)`` from resetting the WAL;
+    the daemon lets that store go, resets its WAL and takes it back, while the
+    other households' replication goes on. Real litestream, in process."""
+    from device.household_replicator import HouseholdReplicator
+    from runtime.store.households import Households
+
+    settings = load_settings(env={}, overrides={
+        "store": {"data_dir": str(tmp_path / "hub")},
+        "households": {"enabled": True},
+        "replica": {"url": f"file://{tmp_path / 'replica'}", "sync_interval_s": 0.5}})
+    registry = Households(settings)
+    registry.add("alpha")
+    own = registry.settings_for("alpha")
+    store = Store(own.store.path, KINDS, replicated=True)
+    services = Services(TranscriptService(store, PROFILES), EpisodeService(store, PROFILES),
+                        GraphService(store, KINDS, PROFILES))
+    replication = HouseholdReplicator(settings, registry.root)
+    replication.start()
+    try:
+        replication.register(own.store.path, own.replica.url)
+        refs = plant(services)
+        assert wait_for(lambda: bool(holding(tmp_path / "replica")), 60)  # it read the WAL
+        data = own.store.path.parent
+        assert "reverie.db-wal" in holding(data)
+        for ref in refs:
+            change(services.owner(ref.kind), ref, "delete", "user")
+        # The store's own files (its WAL); Litestream's local copies leave with
+        # the replica's retention, as the hub's do (the test above).
+        def own_files() -> list[str]:
+            return [name for name in holding(data) if not name.startswith(".reverie.db-litestream")]
+
+        assert wait_for(lambda: own_files() == [], 60), holding(data)
+        assert wait_for(lambda: replication.registered() == [str(own.store.path)], 30)
+        write_turns(store, "later", 3)  # replicated again after the reset
+        expected = {r["content"] for r in store.rows("SELECT content FROM transcript")}
+        replication.final_sync(own.store.path, own.replica.url)
+    finally:
+        replication.stop()
+        store.close()
+    copy = restored_copy(own, tmp_path)
+    assert contents(copy) == expected
+    assert SECRET.encode() not in copy.read_bytes()
