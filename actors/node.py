@@ -70,16 +70,7 @@ DASHBOARD_MODULES = ("UsageStatsHead", "NodeHead", "StateHead", "ReportHead", "E
 # a core, gcs_server 0.38-0.43 -> 0.33 (docs/benchmarks.md, "Idle CPU"). What slows: the
 # memory monitor (Ray's OOM killer) looks every second; the dashboard's task
 # list lags up to 5 s; a full disk is noticed within 2 s.
-#
-# And the actors run at the household's normal priority: Ray starts every worker
-# at niceness 15 (its default worker_niceness, so that a cluster's workers yield
-# to its GCS and raylets), which on a hub puts the turn path (Turns, Recall,
-# Transcript) behind every ordinary process of the machine: beside one busy
-# process: an actor spinning on a core beside a `yes` got 1.4 % of that core at
-# niceness 15 and 20 % at 0 (the core also ran other work; /tmp harness,
-# docs/benchmarks.md "The suite").
 HUB_SYSTEM_CONFIG: dict[str, int] = {
-    "worker_niceness": 0,
     "local_fs_monitor_interval_ms": 2000, "raylet_check_gc_period_milliseconds": 2000,
     "raylet_report_resources_period_milliseconds": 2000, "memory_monitor_refresh_ms": 1000,
     "kill_idle_workers_interval_ms": 2000, "task_events_report_interval_ms": 5000,

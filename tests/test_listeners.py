@@ -322,21 +322,6 @@ def test_the_hub_node_runs_rays_chores_less_often(embedded_runtime: Started) -> 
         assert {f"{k}={v}" for k, v in HUB_DASHBOARD_ENV.items()} <= environ
 
 
-def test_the_hubs_actors_run_at_normal_priority(embedded_runtime: Started) -> None:
-    """Ray starts its workers at niceness 15; the hub's actors (the turn path among
-    them) run at 0, so that any busy process of the machine does not starve them
-    (``HUB_SYSTEM_CONFIG["worker_niceness"]``): read from each actor's process."""
-    tree = process_tree(embedded_runtime.proc.pid)
-    actors = {pid: _read(f"/proc/{pid}/comm").strip() for pid in tree
-              if _read(f"/proc/{pid}/cmdline").startswith("ray::")
-              and not _read(f"/proc/{pid}/cmdline").startswith(("ray::IDLE", "ray::Dashboard",
-                                                                 "ray::RuntimeEnv"))}
-    assert len(actors) >= 5, actors  # Turns, Recall, Transcript, Episodes, Graph, ...
-    niceness = {pid: int(_read(f"/proc/{pid}/stat").rsplit(")", 1)[1].split()[16])
-                for pid in actors}
-    assert niceness == dict.fromkeys(actors, 0), niceness
-
-
 def test_runtime_json_names_its_own_loopback_node(embedded_runtime: Started) -> None:
     info = json.loads((embedded_runtime.data_dir / "runtime.json").read_text())
     host = info["address"].rsplit(":", 1)[0].strip("[]")
