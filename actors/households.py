@@ -159,11 +159,7 @@ class Served:
                 raise BadRequest(f"household {household!r} is busy; try again")
             del self._open[household]
             self.closed += 1
-        close = getattr(found, "close", None)
-        if close is not None:
-            close()
-        if self.on_close is not None:
-            self.on_close(household)
+        self._closed(household, found)
         return True
 
     def begin_move(self, household: str, wait_s: float) -> bool:
@@ -188,12 +184,17 @@ class Served:
                 return False
             del self._open[household]
             self.closed += 1
+        self._closed(household, found)
+        return True
+
+    def _closed(self, household: str, found: Any) -> None:
+        """After ``found`` (``household``'s instance) left the open set: closed, and
+        the closing told (``on_close``: its replication released)."""
         close = getattr(found, "close", None)
         if close is not None:
             close()
         if self.on_close is not None:
             self.on_close(household)
-        return True
 
     def end_move(self, household: str) -> None:
         """Serve ``household`` again (if it is still served here: the route says)."""

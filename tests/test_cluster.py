@@ -26,25 +26,20 @@ assertion is here. Waits are on conditions, with deadlines.
 from __future__ import annotations
 
 import json
-import os
-import queue
-import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fake_openai import FakeOpenAI
+from script_harness import REPLY, Harness, script_harness
 
 from runtime.memories.episodes import EpisodeIn
 from runtime.mind.contract import JobContext, JobResult
 from runtime.store.job_state import get_state, set_state
 
-ROOT = Path(__file__).resolve().parent.parent
 JOB_RESOURCE = "reverie_jobs"
-REPLY = "@@ "
 START_TIMEOUT_S = 300
 CALL_TIMEOUT_S = 240
 NODE_DEATH_TIMEOUT_S = 180
@@ -80,63 +75,13 @@ def snapshot_read(ctx: JobContext) -> JobResult:
         "episode": episode}))
 
 
-class Harness:
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.proc = proc
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.output: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        for line in self.proc.stdout or []:
-            self.output.append(line)
-            if line.startswith(REPLY):
-                self.lines.put(line[len(REPLY):])
-        self.lines.put(None)
-
-    def answer(self, timeout: float) -> dict[str, Any]:
-        try:
-            line = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            pytest.fail(f"the cluster harness did not answer in {timeout:.0f} s:\n"
-                        + "".join(self.output[-40:]))
-        if line is None:
-            pytest.fail(f"the cluster harness exited ({self.proc.wait()}):\n"
-                        + "".join(self.output[-40:]))
-        reply: dict[str, Any] = json.loads(line)
-        assert "error" not in reply, reply["error"]
-        return reply
-
-    def call(self, command: str, timeout: float = CALL_TIMEOUT_S) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(command + "\n")
-        self.proc.stdin.flush()
-        return self.answer(timeout)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> Iterator[Harness]:
     root = tmp_path_factory.mktemp("cluster")
-    env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"),
-                                         env.get("PYTHONPATH", "")])
-    with FakeOpenAI() as server:
-        proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__)), str(root), str(model_cache), server.base_url],
-            env=env, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, text=True)
-        harness = Harness(proc)
-        try:
-            harness.answer(START_TIMEOUT_S)  # started
-            yield harness
-        finally:
-            if proc.poll() is None and proc.stdin is not None:
-                proc.stdin.close()  # the harness stops its driver and nodes
-                try:
-                    proc.wait(timeout=120)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+    with FakeOpenAI() as server, script_harness(
+            Path(__file__), str(root), str(model_cache), server.base_url,
+            start_timeout_s=START_TIMEOUT_S, call_timeout_s=CALL_TIMEOUT_S) as harness:
+        yield harness
 
 
 def test_turn_path_on_the_hub_jobs_on_the_helper_and_back_on_the_hub(

@@ -27,9 +27,6 @@ here.
 from __future__ import annotations
 
 import json
-import os
-import queue
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -37,70 +34,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from script_harness import REPLY, Harness, script_harness
 
-ROOT = Path(__file__).resolve().parent.parent
-REPLY = "@@ "
 START_TIMEOUT_S = 300
 CALL_TIMEOUT_S = 300
 NS = "move-test"
 HOUSEHOLD = "smith"
 
 
-class Harness:
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.proc = proc
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.output: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self) -> None:
-        for line in self.proc.stdout or []:
-            self.output.append(line)
-            if line.startswith(REPLY):
-                self.lines.put(line[len(REPLY):])
-        self.lines.put(None)
-
-    def answer(self, timeout: float) -> dict[str, Any]:
-        try:
-            line = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            pytest.fail(f"the harness did not answer in {timeout:.0f} s:\n"
-                        + "".join(self.output[-40:]))
-        if line is None:
-            pytest.fail(f"the harness exited ({self.proc.wait()}):\n"
-                        + "".join(self.output[-40:]))
-        reply: dict[str, Any] = json.loads(line)
-        assert "error" not in reply, reply["error"] + "\n" + "".join(self.output[-40:])
-        return reply
-
-    def call(self, command: str, timeout: float = CALL_TIMEOUT_S) -> dict[str, Any]:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(command + "\n")
-        self.proc.stdin.flush()
-        return self.answer(timeout)
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory, model_cache: Path) -> Iterator[Harness]:
     root = tmp_path_factory.mktemp("move")
-    env = {key: value for key, value in os.environ.items() if not key.startswith("RAY_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"),
-                                         env.get("PYTHONPATH", "")])
-    proc = subprocess.Popen([sys.executable, str(Path(__file__)), str(root), str(model_cache)],
-                            env=env, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
-    harness = Harness(proc)
-    try:
-        harness.answer(START_TIMEOUT_S)  # started
+    with script_harness(Path(__file__), str(root), str(model_cache),
+                        start_timeout_s=START_TIMEOUT_S,
+                        call_timeout_s=CALL_TIMEOUT_S) as harness:
         yield harness
-    finally:
-        if proc.poll() is None and proc.stdin is not None:
-            proc.stdin.close()  # the harness stops its driver and nodes
-            try:
-                proc.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 def test_a_household_moves_to_another_node_with_every_acknowledged_turn(
