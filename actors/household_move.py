@@ -34,16 +34,67 @@ step 3 carries it and step 4 checks it arrived.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, cast
 
 from actors.common import CRON, EPISODES, GRAPH, RECALL, TRANSCRIPT, TURNS
-from actors.household_routing import actor_name, node_settings, publish, resolve_node, route
-from actors.households import MOVE_DRAIN_S
+from actors.household_routing import actor_name, node_settings, resolve_node, route
+from actors.households import MOVE_DRAIN_S, MOVE_LEASE_S
 from actors.messages import Request
 from runtime.config import HUB_HOUSEHOLD, Settings
-from runtime.store.household_routes import HUB_NODE, save_route
+from runtime.store.household_routes import HUB_NODE
 from runtime.store.households import Households, UnknownHousehold, check_id, store_marks
+
+
+class _Lease:
+    """Keeps the source's owners holding the household while the move goes on
+    (:meth:`actors.households.Served.renew_move`, every third of
+    :data:`MOVE_LEASE_S`, on a thread): should this process die, they serve it
+    again once the lease runs out, where its route says."""
+
+    def __init__(self, owners: dict[str, Any], begun: list[str], req: Request) -> None:
+        self.owners, self.begun, self.req = owners, begun, req
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.lost: list[str] = []
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._renew, name="move-lease", daemon=True)
+            self._thread.start()
+
+    def _renew_all(self) -> None:
+        import ray
+
+        for name in list(self.begun):
+            try:
+                held = ray.get(self.owners[name].renew_move.remote(self.req, MOVE_LEASE_S),
+                               timeout=MOVE_LEASE_S / 3)
+            except Exception:  # a slow answer: the next round tries again
+                continue
+            if not held and name not in self.lost:
+                self.lost.append(name)
+
+    def _renew(self) -> None:
+        while not self._stop.wait(MOVE_LEASE_S / 3):
+            self._renew_all()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def hold(self) -> None:
+        """Before the routing flips: renewed once more, here, by every owner;
+        RuntimeError (the move given up) when one had let the household go."""
+        self.stop()
+        self._renew_all()
+        if self.lost or len(self.begun) < len(MOVE_ORDER):
+            raise RuntimeError(f"the move lost its hold on the household in "
+                               f"{', '.join(self.lost) or 'an owner'} (its lease ran out); "
+                               f"given up, the source serves it")
+
 
 # Callers before the owners they call: a turn under way in Turns still reaches
 # Transcript, which closes last.
@@ -123,10 +174,13 @@ def move(settings: Settings, household: str, to: str) -> dict[str, Any]:
               for name in MOVE_ORDER}
     req = Request(household=household)
     begun: list[str] = []
+    lease = _Lease(owners, begun, req)
     try:
         for name in MOVE_ORDER:
-            ray.get(owners[name].begin_move.remote(req), timeout=MOVE_DRAIN_S + 30)
+            ray.get(owners[name].begin_move.remote(req, MOVE_LEASE_S),
+                    timeout=MOVE_DRAIN_S + 30)
             begun.append(name)
+            lease.start()
         step("drain")
         synced = ray.get(owners[TRANSCRIPT].final_sync.remote(req), timeout=330)
         step("final_sync")
@@ -138,10 +192,11 @@ def move(settings: Settings, household: str, to: str) -> dict[str, Any]:
         ).remote(settings, target, household, registry.marker(household), expect),
             timeout=settings.replica.max_lag_s + 600)
         step("restore")
-        save_route(registry.root, household, target)
-        publish(ns, household, target)
+        lease.hold()  # the source refused the household all along, and still does
+        ray.get(hub_transcript.set_route.remote(req, target), timeout=60)
         step("flip")
     except BaseException:
+        lease.stop()
         for name in begun:  # given up: the source serves again
             ray.get(owners[name].end_move.remote(req), timeout=60)
         raise

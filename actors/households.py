@@ -31,9 +31,9 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from actors.common import BadRequest, HouseholdElsewhere, HouseholdMoving
-from actors.household_routing import node_settings, route
+from actors.household_routing import node_settings, publish, route
 from runtime.config import HUB_HOUSEHOLD, Settings
-from runtime.store.household_routes import HUB_NODE
+from runtime.store.household_routes import HUB_NODE, save_route
 from runtime.store.households import Households, check_id, store_marks
 
 if TYPE_CHECKING:
@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 BROADCAST = ("save", "flush")
 # How long a move waits for the requests and job runs under way in a household.
 MOVE_DRAIN_S = 120.0
+# A move holds a household in its owners for this long unless the mover renews
+# it (every third of it): a mover that dies (kill -9, a lost connection) leaves
+# the household refused for at most this long, then served where its route says.
+MOVE_LEASE_S = 30.0
 
 
 def household_of(msg: object) -> str:
@@ -79,7 +83,8 @@ class Served:
         self._busy: dict[str, int] = {}
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)  # a lease ended
-        self._moving: set[str] = set()  # refused until the move ends (HouseholdMoving)
+        # refused until the move ends (HouseholdMoving) or its lease runs out
+        self._moving: dict[str, float] = {}  # household -> lease end (monotonic)
         self.opened = 0  # instances opened so far (the LRU test, status)
         self.closed = 0
         # which node serves a household, asked when one is opened (households on)
@@ -90,7 +95,7 @@ class Served:
 
     def _instance(self, household: str) -> Any:
         """Under the lock: the open instance, opened (and others closed) if need be."""
-        if household in self._moving:
+        if self._held(household):
             raise HouseholdMoving(f"household {household!r} is being moved; try again")
         if household == HUB_HOUSEHOLD and self.node != HUB_NODE:
             raise HouseholdElsewhere("the hub's own household is served by the hub")
@@ -162,30 +167,57 @@ class Served:
         self._closed(household, found)
         return True
 
-    def begin_move(self, household: str, wait_s: float) -> bool:
-        """Refuse ``household`` from now on (:class:`HouseholdMoving`), wait (at
-        most ``wait_s``) for the requests and job runs under way in it to end,
-        then close it. Whether it was open; TimeoutError (and no longer
+    def _held(self, household: str) -> bool:
+        """Under the lock: whether a move holds ``household``. A lease that ran
+        out (the mover stopped renewing it: killed, or lost) is dropped here,
+        and the household is served again if its route still says this node."""
+        until = self._moving.get(household)
+        if until is None:
+            return False
+        if time.monotonic() < until:
+            return True
+        del self._moving[household]
+        log.warning("%s: the move of household %s stopped renewing its lease; serving "
+                    "it again where its route says", self.what, household)
+        return False
+
+    def begin_move(self, household: str, wait_s: float, lease_s: float) -> bool:
+        """Refuse ``household`` from now on (:class:`HouseholdMoving`) for
+        ``lease_s`` (renewed by :meth:`renew_move` while the move goes on), wait
+        (at most ``wait_s``) for the requests and job runs under way in it to
+        end, then close it. Whether it was open; TimeoutError (and no longer
         refused) when it stayed busy."""
         deadline = time.monotonic() + wait_s
         with self._lock:
-            self._moving.add(household)
+            self._moving[household] = time.monotonic() + max(lease_s, wait_s)
             while True:
                 found = self._open.get(household)
                 if not self._busy.get(household) and (found is None or not _is_busy(found)):
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    self._moving.discard(household)
+                    self._moving.pop(household, None)
                     raise TimeoutError(f"household {household!r} stayed busy in the "
                                        f"{self.what} actor for {wait_s:.0f} s")
                 self._idle.wait(min(left, 0.5))  # a job run ends without a lease
+            self._moving[household] = time.monotonic() + lease_s
             if found is None:
                 return False
             del self._open[household]
             self.closed += 1
         self._closed(household, found)
         return True
+
+    def renew_move(self, household: str, lease_s: float) -> bool:
+        """The move of ``household`` goes on: refused for ``lease_s`` more.
+        False when no move holds it any longer (its lease ran out, or it
+        ended): the mover must then give up, as the household may have been
+        served again here since."""
+        with self._lock:
+            if not self._held(household):
+                return False
+            self._moving[household] = time.monotonic() + lease_s
+            return True
 
     def _closed(self, household: str, found: Any) -> None:
         """After ``found`` (``household``'s instance) left the open set: closed, and
@@ -199,7 +231,7 @@ class Served:
     def end_move(self, household: str) -> None:
         """Serve ``household`` again (if it is still served here: the route says)."""
         with self._lock:
-            self._moving.discard(household)
+            self._moving.pop(household, None)
 
     def hub(self) -> Any:
         with self._lock:
@@ -246,14 +278,19 @@ class HouseholdRouter:
             raise BadRequest("the hub's own household is not closed")
         return self.served.close(household)
 
-    def begin_move(self, msg: object = None) -> bool:
+    def begin_move(self, msg: object = None, lease_s: float = MOVE_LEASE_S) -> bool:
         """A move of the household ``msg`` names begins: refused here from now
-        on (retryable), closed once what is under way in it ended. Whether it
-        was open here."""
+        on (retryable) for ``lease_s`` unless renewed (:meth:`renew_move`),
+        closed once what is under way in it ended. Whether it was open here."""
         household = household_of(msg)
         if household == HUB_HOUSEHOLD:
             raise BadRequest("the hub's own household does not move")
-        return self.served.begin_move(household, MOVE_DRAIN_S)
+        return self.served.begin_move(household, MOVE_DRAIN_S, lease_s)
+
+    def renew_move(self, msg: object = None, lease_s: float = MOVE_LEASE_S) -> bool:
+        """The mover is alive: the household ``msg`` names stays refused for
+        ``lease_s`` more. False when its lease had already run out."""
+        return self.served.renew_move(household_of(msg), lease_s)
 
     def end_move(self, msg: object = None) -> None:
         """The move ended (done or given up): requests are no longer refused as
@@ -286,6 +323,20 @@ class HouseholdRouter:
                                         own.replica.url).result(timeout=300)
         return {"txid": txid, **store_marks(own.store.path)}
 
+    def set_route(self, msg: object = None, node: str = HUB_NODE) -> dict[str, str]:
+        """The household ``msg`` names is served by ``node`` from now on: the
+        durable table (``<hub root>/routes.json``), then the running runtime's
+        copy, in one call of the hub's owner (a mover that dies never leaves
+        the two apart). The table after it."""
+        household = household_of(msg)
+        if self.served.node != HUB_NODE or self.served.hub_only:
+            raise BadRequest("routes are kept by the hub's owners")
+        if household == HUB_HOUSEHOLD:
+            raise BadRequest("the hub's own household is not routed")
+        routes = save_route(self.served.registry.root, household, node)
+        publish(self._namespace, household, node)
+        return routes
+
     def retire(self, msg: object = None) -> list[str]:
         """After the household ``msg`` names moved away (its route no longer
         says this node): marked moved here, its store removed. The names removed."""
@@ -311,7 +362,7 @@ class HouseholdRouter:
 
     def __getattr__(self, name: str) -> Any:
         # in process (tests), the hub's instance's attributes read through
-        if name in ("served", "_sweeping", "_replication", "_replicating") \
+        if name in ("served", "_sweeping", "_replication", "_replicating", "_namespace") \
                 or name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.served.hub(), name)
@@ -454,6 +505,7 @@ def serving(one: type, name: str, hub_only: bool = False,
         self.served = Served(settings, open_one, name, hub_only, node)
         self._sweeping = threading.Event()
         self._replication = None
+        self._namespace = settings.runtime.namespace
         if not self.served.hub_only:
             namespace = settings.runtime.namespace
             self.served.route = lambda household: route(namespace, household)

@@ -137,12 +137,12 @@ def test_the_gps_reader_stores_fixes_and_publishes_them(
            "REVERIE_GPS__POLL_S": "0.2"}
     proc = start_runtime(env, "--address", ray_instance, cwd=ROOT)
     try:
-        # the drive replays once, after the runtime is up (the reader retries until
-        # then), slowly: 0.9 s an epoch, so that the runtime's reader, polling every
-        # 0.2 s from an actor that a busy machine may starve for a second, sees
-        # most of its 15 fixes (at gpsfake's 0.3 s it once saw fewer than 3 beside
-        # a CPU hog, and the replay was over)
-        fake.start(DATA / "drive.nmea", port, cycle_s=0.3)
+        # the drive replays again and again (the reader retries until the runtime
+        # is up), 0.9 s an epoch: the reader samples gpsd's current fix every
+        # 0.2 s from an actor that a busy machine may starve for seconds (it once
+        # saw fewer than 3 of a single replay's 15 fixes beside a CPU hog, and
+        # again on a machine three times slower); each replay is another chance
+        fake.start(DATA / "drive.nmea", port, cycle_s=0.3, once=False)
         assert wait_for(lambda: status(env)["location"]["fixes"] >= 3, 60), \
             status(env)
         assert status(env)["actors"]["edge"] == "ok"

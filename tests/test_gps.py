@@ -139,11 +139,13 @@ class Gpsfake:
         self.proc: subprocess.Popen[bytes] | None = None
         self.started = 0
 
-    def start(self, log: Path, port: int, cycle_s: float = CYCLE_S) -> None:
-        """Replay ``log`` once, ``cycle_s`` between sentences."""
+    def start(self, log: Path, port: int, cycle_s: float = CYCLE_S, once: bool = True) -> None:
+        """Replay ``log`` once (``once``, else again and again), ``cycle_s``
+        between sentences."""
         self.started += 1
         output = (self.workdir / f"gpsfake-{self.started}.out").open("wb")
-        command = ["gpsfake", "-q", "-1", "-c", str(cycle_s), "-P", str(port), str(log)]
+        command = ["gpsfake", "-q", *(["-1"] if once else []), "-c", str(cycle_s),
+                   "-P", str(port), str(log)]
         self.proc = subprocess.Popen(
             command, cwd=self.workdir, stdin=subprocess.DEVNULL, stdout=output,
             stderr=subprocess.STDOUT, start_new_session=True,

@@ -39,6 +39,7 @@ from script_harness import REPLY, Harness, script_harness
 START_TIMEOUT_S = 300
 CALL_TIMEOUT_S = 300
 NS = "move-test"
+ABANDONED_LEASE_S = 4.0
 HOUSEHOLD = "smith"
 
 
@@ -81,6 +82,9 @@ def test_a_household_moves_to_another_node_with_every_acknowledged_turn(
     assert seen["hub_refuses"] == "HouseholdElsewhere"
     assert seen["routes_file"] == {HOUSEHOLD: "b"}
     assert seen["home_answers"]  # the hub's own household, unchanged
+
+    abandoned = cluster.call("abandon")  # a mover died after the drain: the lease frees it
+    assert abandoned["stored"] and abandoned["waited_s"] >= ABANDONED_LEASE_S, abandoned
 
     again = cluster.call("restart")  # the runtime's routes cleared, then started again
     assert again["route_before"] == "hub" and again["route_after"] == "b"
@@ -306,6 +310,21 @@ def harness(root: Path, model_cache: Path) -> None:  # pragma: no cover
                                 "store": (hub_dir / "reverie.db").exists()},
                       hub_refuses=refuses, routes_file=load_routes(registry.root),
                       home_answers=bool(home.text))
+            elif command == "abandon":
+                # what a mover killed after the drain leaves: b's owners holding
+                # the household, never told the move ended; a short lease
+                from actors.household_move import MOVE_ORDER
+                from actors.household_routing import actor_name
+                from actors.messages import Request
+
+                req = Request(household=HOUSEHOLD)
+                began = time.time()
+                for name in MOVE_ORDER:
+                    ray.get(ray.get_actor(actor_name(name, "b"), namespace=NS)
+                            .begin_move.remote(req, ABANDONED_LEASE_S), timeout=60)
+                text = "After the abandoned move, the kettle went to the attic."
+                tell(text)  # refused as moving, sent again until the lease ran out
+                reply(waited_s=time.time() - began, stored=text in contents())
             elif command == "restart":
                 sup.stop()
                 publish(NS, HOUSEHOLD, "hub")  # the runtime's copy gone: only the file knows

@@ -181,7 +181,8 @@ def test_a_token_acts_in_its_own_household_only(hub: Hub) -> None:
 @asynccontextmanager
 async def mcp_client(hub: Hub, household: str) -> AsyncIterator[Client]:
     headers = {"Authorization": f"Bearer {hub.tokens[household]}"}
-    async with httpx2.AsyncClient(headers=headers) as http:
+    # a loaded machine answers slower than httpx's default 5 s read timeout
+    async with httpx2.AsyncClient(headers=headers, timeout=60) as http:
         url = f"{hub.base}/households/{household}/mcp"
         async with Client(streamable_http_client(url, http_client=http),
                           mode="legacy") as client:
@@ -393,3 +394,40 @@ def test_a_household_id_is_checked_and_names_its_path(tmp_path: Path) -> None:
     assert off.ids() == [HUB_HOUSEHOLD] and not off.known("smith")
     registry.delete("smith")
     assert registry.ids() == [HUB_HOUSEHOLD]
+
+
+def test_a_move_whose_mover_died_lets_the_household_go_when_its_lease_runs_out(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A mover killed mid-move never ends it: its owners hold the household only
+    while the lease is renewed, then serve it again where its route says; a
+    mover whose lease ran out learns it (and gives the move up)."""
+    from actors import households as owners
+    from actors.common import HouseholdElsewhere, HouseholdMoving
+
+    now = [1000.0]
+    monkeypatch.setattr(owners.time, "monotonic", lambda: now[0])
+    settings = load_settings(env={}, overrides={
+        "store": {"data_dir": str(tmp_path)}, "households": {"enabled": True}})
+    Households(settings).add("smith")
+    served = owners.Served(settings, lambda own: object(), "transcript")
+    served.route = lambda household: "hub"
+    with served.lease("smith"):
+        pass
+    assert served.begin_move("smith", wait_s=60, lease_s=30)  # it was open: closed
+    now[0] += 25
+    with pytest.raises(HouseholdMoving):
+        served.lease("smith").__enter__()
+    assert served.renew_move("smith", 30)  # the mover is alive: 30 s more
+    now[0] += 25
+    with pytest.raises(HouseholdMoving):
+        served.lease("smith").__enter__()
+    now[0] += 10  # no renewal: the mover died; the route still says here
+    with served.lease("smith") as one:
+        assert one is not None
+    assert not served.renew_move("smith", 30)  # a mover back late must give up
+    # a mover that died after the routing flipped: refused as served elsewhere
+    assert served.begin_move("smith", wait_s=60, lease_s=30)
+    served.route = lambda household: "b"
+    now[0] += 31
+    with pytest.raises(HouseholdElsewhere):
+        served.lease("smith").__enter__()

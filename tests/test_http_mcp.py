@@ -83,7 +83,9 @@ async def connected(api: Api, mode: str = "legacy",
     """The SDK's client over Streamable HTTP at ``<base>/mcp``, with the token
     (default: the admin token)."""
     bearer = token or api.token
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {bearer}"}) as http:
+    # timeout: a loaded machine answers slower than httpx's default 5 s read timeout
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {bearer}"},
+                                  timeout=60) as http:
         async with Client(streamable_http_client(f"{api.base}/mcp", http_client=http),
                           mode=mode) as client:
             yield client

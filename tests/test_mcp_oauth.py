@@ -126,7 +126,7 @@ class Person:
     result: AuthorizationCodeResult | None = None
 
     async def approve(self, authorization_url: str) -> None:
-        async with httpx2.AsyncClient(base_url=self.base) as browser:
+        async with httpx2.AsyncClient(base_url=self.base, timeout=60) as browser:
             # /authorize (the SDK's handler) sends the browser to the approval page,
             # which is behind the memory page's login, and the login comes back to it
             asked = await browser.get(authorization_url)
