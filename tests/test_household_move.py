@@ -91,6 +91,11 @@ def test_a_household_moves_to_another_node_with_every_acknowledged_turn(
     assert again["served_by"] == "transcript@b"
     assert [t for t in acked if t not in again["contents"]] == []
 
+    for there in ("hub", "b"):  # back to the node it left, then to b again
+        back = cluster.call(f"move_to {there}")
+        assert back["report"]["moved"] and back["report"]["to"] == there, back
+        assert back["turns_after"] == back["turns_before"] >= len(acked) + 1, back
+
 
 def test_one_litestream_replicates_the_open_households_and_catches_up_after_a_close(
         tmp_path: Path) -> None:
