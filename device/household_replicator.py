@@ -41,6 +41,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from device.replicator import (
     SHUTDOWN_SYNC_TIMEOUT_S,
@@ -58,6 +59,26 @@ from runtime.config import Settings
 from runtime.store.files import private_dir, write_private
 
 log = logging.getLogger(__name__)
+
+
+def litestream_url(url: str, settings: Settings) -> str:
+    """A household's replica URL as the daemon's ``/register`` reads it: an
+    ``s3://`` one carries the settings' ``endpoint``, ``region`` and path
+    style in its query (Litestream's URL parameters ``endpoint``, ``region``,
+    ``forcePathStyle``), as the hub's replica gets them in its configuration
+    (:func:`device.replicator.replica_config`). Credentials never: they reach
+    the daemon through its environment."""
+    parts = urlsplit(url)
+    if parts.scheme != "s3":
+        return url
+    rs = settings.replica
+    query = dict(parse_qsl(parts.query))
+    if rs.endpoint:
+        query["endpoint"] = rs.endpoint
+    if rs.region:
+        query["region"] = rs.region
+    query["forcePathStyle"] = "true" if rs.force_path_style else "false"
+    return urlunsplit(parts._replace(query=urlencode(query)))
 
 CONFIG_NAME = "litestream.yml"
 LOG_NAME = "litestream.log"
@@ -192,7 +213,9 @@ class HouseholdReplicator:
         return dict(answer) if isinstance(answer, dict) else {}
 
     def _register(self, path: str, url: str) -> None:
-        self._call("/register", {"path": path, "replica_url": url}, CONTROL_TIMEOUT_S)
+        self._call("/register", {"path": path,
+                                 "replica_url": litestream_url(url, self.settings)},
+                   CONTROL_TIMEOUT_S)
 
     def register(self, db: Path, replica_url: str) -> None:
         """Replicate ``db`` to ``replica_url`` from now on (again: nothing happens)."""

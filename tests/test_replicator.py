@@ -396,3 +396,37 @@ def test_leftover_litestream_is_stopped_at_start(
         if orphan.poll() is None:
             os.killpg(orphan.pid, signal.SIGKILL)
             orphan.wait()
+
+
+def test_a_households_replica_on_s3_reaches_the_configured_endpoint(
+        tmp_path: Path, s3: dict[str, str]) -> None:
+    """With households on and an S3-compatible replica (``replica.endpoint``,
+    ``region``, path style), the node's one Litestream for the households
+    (``device/household_replicator.py``: stores registered by URL at run time)
+    uploads each household to ``<hub path>/households/<id>`` on that server,
+    and the household restores from it."""
+    import boto3
+
+    from device.household_replicator import HouseholdReplicator
+    from runtime.store.households import Households
+
+    settings = replica_settings(tmp_path, f"s3://{BUCKET}/hub", **s3)
+    settings = settings.model_copy(update={"households": settings.households.model_copy(
+        update={"enabled": True})})
+    registry = Households(settings)
+    registry.add("alpha")
+    own = registry.settings_for("alpha")
+    with open_store(own) as store:
+        told = set(write_turns(store, "alpha", 12))
+    replication = HouseholdReplicator(settings, registry.root)
+    replication.start()
+    try:
+        replication.register(own.store.path, own.replica.url)
+        assert replication.final_sync(own.store.path, own.replica.url, timeout_s=60) > 0
+    finally:
+        replication.stop()
+    client = boto3.client("s3", endpoint_url=s3["endpoint"], region_name="us-east-1",
+                          aws_access_key_id="x", aws_secret_access_key="x")
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=BUCKET).get("Contents", [])]
+    assert keys and all(k.startswith("hub/households/alpha/") for k in keys), keys
+    assert contents(restored_copy(own, tmp_path)) == told
