@@ -431,3 +431,65 @@ def test_a_move_whose_mover_died_lets_the_household_go_when_its_lease_runs_out(
     now[0] += 31
     with pytest.raises(HouseholdElsewhere):
         served.lease("smith").__enter__()
+
+
+def test_the_http_server_keeps_at_most_max_open_household_apps(tmp_path: Path) -> None:
+    """In process: ``/households/ID/`` apps are built on demand and at most
+    ``households.max_open`` kept; the least recently used one with no request
+    under way is let go (its lifespan stopped) and built again when asked."""
+    from actors.http.households import HouseholdsApp
+
+    settings = load_settings(env={}, overrides={
+        "store": {"data_dir": str(tmp_path)},
+        "households": {"enabled": True, "max_open": 2}})
+    registry = Households(settings)
+    for one in ("a1", "a2", "a3"):
+        registry.add(one)
+    stopped: list[str] = []
+    release, entered = anyio.Event(), anyio.Event()
+
+    def build(own: Settings) -> Any:
+        name = own.household.id
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            if scope["type"] == "lifespan":
+                while True:
+                    message = await receive()
+                    if message["type"] == "lifespan.startup":
+                        await send({"type": "lifespan.startup.complete"})
+                    else:
+                        stopped.append(name)
+                        await send({"type": "lifespan.shutdown.complete"})
+                        return
+            if scope["path"] == "/slow":
+                entered.set()
+                await release.wait()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": name.encode()})
+        return app
+
+    async def hub(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("not the hub's")
+
+    served = HouseholdsApp(hub, settings, build)
+
+    async def go() -> None:
+        transport = httpx.ASGITransport(app=served)
+        async with httpx.AsyncClient(transport=transport, base_url="http://hub") as http:
+            async def get(one: str, path: str = "/") -> str:
+                return (await http.get(f"/households/{one}{path}")).text
+
+            assert [await get("a1"), await get("a2")] == ["a1", "a2"]
+            assert await get("a1") == "a1"  # a1 used last: a2 is the oldest
+            assert await get("a3") == "a3"
+            assert served.apps() == ["a1", "a3"] and stopped == ["a2"]
+            async with anyio.create_task_group() as tg:  # a request under way in a1
+                tg.start_soon(get, "a1", "/slow")
+                await entered.wait()
+                assert await get("a3") == "a3"
+                assert await get("a2") == "a2"  # built again; a1 busy, so a3 goes
+                assert served.apps() == ["a1", "a2"] and stopped == ["a2", "a3"]
+                release.set()
+            assert served.built == 4
+
+    anyio.run(go)

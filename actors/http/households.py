@@ -12,13 +12,17 @@ wrong token. Everything else (no prefix) is the hub's household, as before.
 An id that is not a household id, or names no household served here, is 404
 (the same answer, whatever exists). Each household app's lifespan (the MCP
 session manager's task group) is started here when it is built and stopped
-with the server.
+with the server, or when the app is let go: at most ``households.max_open``
+household apps are kept (the owners' bound on open stores), the least
+recently used one without a request under way let go first, built again on its
+next request (MCP here is stateless: no session is lost with it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -70,9 +74,29 @@ class HouseholdsApp:
         self.hub = hub
         self.registry = Households(settings)
         self.build = build
-        self._apps: dict[str, Any] = {}
+        self.max_apps = settings.households.max_open
+        self._apps: OrderedDict[str, Any] = OrderedDict()
         self._lifespans: dict[str, _Lifespan] = {}
+        self._active: dict[str, int] = {}  # requests under way, per household
         self._lock: asyncio.Lock | None = None
+        self.built = 0  # apps built so far (the LRU's test)
+
+    def apps(self) -> list[str]:
+        """The households whose app is kept, least recently used first."""
+        return list(self._apps)
+
+    async def _let_go(self, household: str) -> None:
+        self._apps.pop(household, None)
+        life = self._lifespans.pop(household, None)
+        if life is not None:
+            await life.stop()
+
+    async def _evict(self, keep: str) -> None:
+        for household in list(self._apps):
+            if len(self._apps) <= self.max_apps:
+                return
+            if household != keep and not self._active.get(household):
+                await self._let_go(household)
 
     async def _app_of(self, household: str) -> Any | None:
         try:
@@ -80,13 +104,11 @@ class HouseholdsApp:
         except ValueError:
             return None
         if not self.registry.served_somewhere(household):  # stopped or deleted since: not served
-            self._apps.pop(household, None)
-            life = self._lifespans.pop(household, None)
-            if life is not None:
-                await life.stop()
+            await self._let_go(household)
             return None
         found = self._apps.get(household)
         if found is not None:
+            self._apps.move_to_end(household)
             return found
         if self._lock is None:
             self._lock = asyncio.Lock()
@@ -104,6 +126,8 @@ class HouseholdsApp:
                 return None
             self._lifespans[household] = life
             self._apps[household] = app
+            self.built += 1
+            await self._evict(keep=household)
             return app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -123,7 +147,13 @@ class HouseholdsApp:
         inner["path"] = "/" + rest
         inner["raw_path"] = inner["path"].encode()
         inner["root_path"] = scope.get("root_path", "") + PREFIX + household
-        await app(inner, receive, send)
+        self._active[household] = self._active.get(household, 0) + 1
+        try:
+            await app(inner, receive, send)
+        finally:
+            self._active[household] -= 1
+            if not self._active[household]:
+                del self._active[household]
 
     async def _lifespan(self, scope: Any, receive: Any, send: Any) -> None:
         """The hub's app's lifespan; at shutdown, the households' apps' too."""
