@@ -64,15 +64,17 @@ class _Lease:
             self._thread = threading.Thread(target=self._renew, name="move-lease", daemon=True)
             self._thread.start()
 
-    def _renew_all(self) -> None:
+    def _renew_all(self, last: bool = False) -> None:
         import ray
 
         for name in list(self.begun):
             try:
                 held = ray.get(self.owners[name].renew_move.remote(self.req, MOVE_LEASE_S),
                                timeout=MOVE_LEASE_S / 3)
-            except Exception:  # a slow answer: the next round tries again
-                continue
+            except Exception:
+                if not last:  # a slow answer: the next round tries again
+                    continue
+                held = False  # the last round: an owner that did not answer is not held
             if not held and name not in self.lost:
                 self.lost.append(name)
 
@@ -89,10 +91,11 @@ class _Lease:
         """Before the routing flips: renewed once more, here, by every owner;
         RuntimeError (the move given up) when one had let the household go."""
         self.stop()
-        self._renew_all()
-        if self.lost or len(self.begun) < len(MOVE_ORDER):
+        self._renew_all(last=True)
+        if self.lost:
             raise RuntimeError(f"the move lost its hold on the household in "
-                               f"{', '.join(self.lost) or 'an owner'} (its lease ran out); "
+                               f"{', '.join(self.lost)} (its lease ran out or it did not "
+                               f"answer); "
                                f"given up, the source serves it")
 
 

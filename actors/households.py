@@ -507,7 +507,7 @@ def serving(one: type, name: str, hub_only: bool = False,
         self._replication = None
         self._namespace = settings.runtime.namespace
         if not self.served.hub_only:
-            namespace = settings.runtime.namespace
+            namespace = self._namespace
             self.served.route = lambda household: route(namespace, household)
             if replicates and settings.replica.enabled:
                 self._start_replication(settings)
