@@ -9,15 +9,18 @@ reopening it. Then, in process: the registry's ids and paths."""
 
 from __future__ import annotations
 
+import html
+import re
 import sqlite3
 import stat
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import anyio
 import httpx
@@ -26,7 +29,9 @@ import openai
 import pytest
 import ray
 from mcp import Client
+from mcp.client.auth import OAuthClientProvider
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.auth import AuthorizationCodeResult, OAuthClientMetadata
 from mcp_types import CallToolResult, TextContent
 
 from actors import supervisor
@@ -38,6 +43,7 @@ from actors.messages import Activity, AppendTurns, JobsStatus, Recall, RecentTur
 from runtime.config import HUB_HOUSEHOLD, JOB_NAMES, Settings, load_settings
 from runtime.memories.transcript import TurnIn
 from runtime.store.households import Households, UnknownHousehold, check_id
+from tests.oauth_client import Memory, field_of
 
 NS = "test-households"
 MAX_OPEN = 2
@@ -208,6 +214,128 @@ def test_mcp_recall_and_timeline_stay_in_their_household(hub: Hub) -> None:
         assert MARK[other] not in theirs
         timeline = mcp_call(hub, household, "timeline", {"expr": "today", "limit": 100})
         assert MARK[household] in timeline and MARK[other] not in timeline
+
+
+# -- MCP's OAuth and the memory page, as Home Assistant and a browser reach them ------
+
+REDIRECT = "http://127.0.0.1:9/callback"  # never fetched: the browser reads the redirect
+
+
+def form_action(page: str, form_id: str) -> str:
+    found = re.search(rf'<form method="post" action="([^"]+)" id="{form_id}">', page)
+    assert found, f"no form {form_id} in the page"
+    return html.unescape(found.group(1))
+
+
+@dataclass
+class Browser:
+    """The person approving in a browser: it follows each ``Location`` as a
+    browser does (root-relative: on the same host), keeps cookies by path, and
+    logs in on the memory page of the household it is sent to."""
+
+    origin: str
+    token: str
+    approved: list[str] = field(default_factory=list)   # the approval pages' addresses
+    result: AuthorizationCodeResult | None = None
+
+    async def approve(self, authorization_url: str) -> None:
+        async with httpx2.AsyncClient(timeout=60) as web:
+            asked = await web.get(authorization_url)
+            assert asked.status_code in (302, 303), asked.text
+            approval = self.origin + asked.headers["location"]
+            self.approved.append(approval)
+            first = await web.get(approval)
+            assert first.status_code == 303, first.text
+            form = await web.get(self.origin + first.headers["location"])
+            assert form.status_code == 200, form.text
+            login = await web.post(self.origin + form_action(form.text, "login"), data={
+                "token": self.token, "next": field_of(form.text, "next")})
+            assert login.status_code == 303, login.text
+            assert self.origin + login.headers["location"] == approval
+            page = await web.get(approval)
+            assert page.status_code == 200, page.text
+            answer = await web.post(self.origin + form_action(page.text, "approve"), data={
+                "csrf": field_of(page.text, "csrf"), "request": field_of(page.text, "request"),
+                "person": "", "decision": "approve"})
+            assert answer.status_code == 303, answer.text
+            query = parse_qs(urlsplit(answer.headers["location"]).query)
+            self.result = AuthorizationCodeResult(code=query["code"][0],
+                                                  state=query.get("state", [None])[0])
+
+    async def callback(self) -> AuthorizationCodeResult:
+        assert self.result is not None
+        return self.result
+
+
+def test_mcp_oauth_discovers_and_approves_in_its_own_household(hub: Hub) -> None:
+    """Home Assistant's MCP integration connects by OAuth only: for a household
+    served under ``/households/ID/`` the 401, the metadata at the path-inserted
+    well-known URLs, the approval on that household's memory page and the
+    tokens all belong to that household, driven by the ``mcp`` SDK's client."""
+    base = f"{hub.base}/households/alpha"
+    refused = httpx2.post(f"{base}/mcp", headers={"Authorization": "Bearer nope"},
+                          json={}, timeout=60)
+    assert refused.status_code == 401
+    prm = f"{hub.base}/.well-known/oauth-protected-resource/households/alpha/mcp"
+    assert f'resource_metadata="{prm}"' in refused.headers["www-authenticate"]
+    meta = httpx2.get(prm, timeout=60).json()
+    assert meta["resource"] == f"{base}/mcp" and meta["authorization_servers"] == [base]
+    server = httpx2.get(f"{hub.base}/.well-known/oauth-authorization-server/households/alpha",
+                        timeout=60).json()
+    assert server["issuer"] == base and server["token_endpoint"] == f"{base}/token"
+    # the hub's own metadata stays the hub's
+    assert httpx2.get(f"{hub.base}/.well-known/oauth-authorization-server",
+                      timeout=60).json()["issuer"].rstrip("/") == hub.base
+
+    storage = Memory()
+    browser = Browser(hub.base, hub.tokens["alpha"])
+    auth = OAuthClientProvider(
+        f"{base}/mcp", OAuthClientMetadata(
+            redirect_uris=[REDIRECT], client_name="Home Assistant",  # type: ignore[list-item]
+            grant_types=["authorization_code", "refresh_token"], response_types=["code"]),
+        storage, redirect_handler=browser.approve, callback_handler=browser.callback)
+
+    async def recall(url: str, query: str) -> CallToolResult:
+        async with httpx2.AsyncClient(auth=auth, timeout=60) as http:
+            async with Client(streamable_http_client(url, http_client=http),
+                              mode="legacy") as client:
+                return await client.call_tool("recall", {"query": query, "limit": 20})
+
+    mine = anyio.run(recall, f"{base}/mcp", ASK["alpha"])
+    assert browser.approved and browser.approved[0].startswith(f"{base}/oauth/approve?")
+    assert MARK["alpha"] in texts(mine.structured_content)
+    theirs = anyio.run(recall, f"{base}/mcp", ASK["beta"])
+    assert MARK["beta"] not in texts(theirs.structured_content)
+    # alpha's OAuth token opens neither beta's MCP nor the hub's
+    assert storage.tokens is not None
+    access = storage.tokens.access_token
+    for other in (f"{hub.base}/households/beta/mcp", f"{hub.base}/mcp"):
+        assert httpx2.post(other, headers={"Authorization": f"Bearer {access}"},
+                           json={}, timeout=60).status_code == 401
+
+
+def test_the_memory_page_of_a_household_lives_under_its_path(hub: Hub) -> None:
+    base = f"{hub.base}/households/alpha"
+    with httpx.Client(timeout=60) as web:
+        first = web.get(f"{base}/")
+        assert first.status_code == 303 and first.headers["location"] == (
+            "/households/alpha/login")
+        form = web.get(hub.base + first.headers["location"])
+        assert form_action(form.text, "login") == "/households/alpha/login"
+        # another household's token, the hub's: not this household's login
+        for token in (hub.tokens["beta"], hub.tokens[HUB_HOUSEHOLD]):
+            assert web.post(f"{base}/login", data={"token": token}).status_code == 401
+        login = web.post(f"{base}/login", data={"token": hub.tokens["alpha"]})
+        assert login.status_code == 303 and login.headers["location"] == "/households/alpha/"
+        assert "path=/households/alpha" in login.headers["set-cookie"].lower()
+        page = web.get(hub.base + login.headers["location"])
+        assert page.status_code == 200 and MARK["alpha"] in page.text
+        assert MARK["beta"] not in page.text
+        assert 'href="/households/alpha/timeline"' in page.text
+        assert not re.search(r'(?:href|action|src)="/(?!households/alpha/)', page.text)
+        # the household's session opens neither beta's page nor the hub's
+        assert web.get(f"{hub.base}/households/beta/").status_code == 303
+        assert web.get(f"{hub.base}/").status_code == 303
 
 
 def test_openai_chat_stays_in_its_household(hub: Hub) -> None:

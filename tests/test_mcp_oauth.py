@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import html
 import re
 import secrets
 import socket
@@ -32,18 +31,14 @@ from http_runtime import Api, http_runtime
 from mcp import Client
 from mcp.client.auth import OAuthClientProvider
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.auth import (
-    AuthorizationCodeResult,
-    OAuthClientInformationFull,
-    OAuthClientMetadata,
-    OAuthToken,
-)
+from mcp.shared.auth import AuthorizationCodeResult, OAuthClientMetadata, OAuthToken
 from mcp_types import CallToolResult, TextContent
 
 from actors.http.app import make_app
 from actors.http.backend import ActorBackend
 from actors.http.oauth import STORE_FILE
 from runtime.time.clock import ManualClock
+from tests.oauth_client import Memory, field_of
 from tests.waiting import wait_for
 
 NS = "test-mcp-oauth"
@@ -87,32 +82,6 @@ def served(ray_instance: str, tmp_path_factory: pytest.TempPathFactory,
 
 
 # -- the client side: token storage, the person approving, the callback -------------
-
-@dataclass
-class Memory:
-    """The SDK's TokenStorage, in memory."""
-
-    tokens: OAuthToken | None = None
-    client: OAuthClientInformationFull | None = None
-
-    async def get_tokens(self) -> OAuthToken | None:
-        return self.tokens
-
-    async def set_tokens(self, tokens: OAuthToken) -> None:
-        self.tokens = tokens
-
-    async def get_client_info(self) -> OAuthClientInformationFull | None:
-        return self.client
-
-    async def set_client_info(self, client_info: OAuthClientInformationFull) -> None:
-        self.client = client_info
-
-
-def field_of(page: str, name: str) -> str:
-    found = re.search(rf'name="{name}" value="([^"]*)"', page)
-    assert found, f"no {name} field in the page"
-    return html.unescape(found.group(1))
-
 
 @dataclass
 class Person:

@@ -9,6 +9,18 @@ A token is so bound to its household by construction: each household's app
 knows its own token only, and another household's is refused (401) like any
 wrong token. Everything else (no prefix) is the hub's household, as before.
 
+Each household app believes it is served at ``/`` (its ``root_path`` says
+where it is), so what it sends back that names a path of its own is put under
+its prefix on the way out, as a reverse proxy does: a root-relative
+``Location`` (its redirects: the login, the OAuth approval) and a cookie's
+``Path`` (the memory page's session: one household's login is sent to that
+household only). Its memory page writes its links under the prefix itself
+(:mod:`actors.http.page`). MCP's OAuth discovery asks the well-known URLs
+with the resource's or issuer's path inserted (RFC 9728 and RFC 8414 §3.1:
+``/.well-known/oauth-protected-resource/households/ID/mcp``,
+``/.well-known/oauth-authorization-server/households/ID``): those go to
+household ID's app too, as its own well-known paths.
+
 An id that is not a household id, or names no household served here, is 404
 (the same answer, whatever exists). Each household app's lifespan (the MCP
 session manager's task group) is started here when it is built and stopped
@@ -26,12 +38,43 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from actors.http.oauth import AS_PATH, PRM_PATH
 from runtime.config import Settings
 from runtime.store.households import Households, check_id
 
 log = logging.getLogger(__name__)
 
 PREFIX = "/households/"
+WELL_KNOWN = (PRM_PATH, AS_PATH)  # served per household with the path inserted
+
+
+def split(path: str) -> tuple[str, str] | None:
+    """``(household, path in its app)`` of a request path for a household, or
+    None (the hub's)."""
+    if path.startswith(PREFIX):
+        household, _, rest = path[len(PREFIX):].partition("/")
+        return household, "/" + rest
+    for known in WELL_KNOWN:
+        if path.startswith(known + PREFIX):
+            household, _, rest = path[len(known + PREFIX):].partition("/")
+            return household, known + ("/" + rest if rest else "")
+    return None
+
+
+def rooted_header(name: bytes, value: bytes, root: bytes) -> tuple[bytes, bytes]:
+    """A response header of an app served under ``root``, its own paths put
+    under it: a root-relative ``Location``, a cookie's ``Path``."""
+    key = name.lower()
+    if key == b"location" and value.startswith(b"/") and not value.startswith(b"//"):
+        return name, root + value
+    if key == b"set-cookie":
+        parts = value.split(b";")
+        for i, part in enumerate(parts[1:], start=1):
+            attribute, sep, path = part.strip().partition(b"=")
+            if sep and attribute.lower() == b"path" and path.startswith(b"/"):
+                parts[i] = b" Path=" + root + (b"" if path == b"/" else path)
+        return name, b";".join(parts)
+    return name, value
 
 
 class _Lifespan:
@@ -134,22 +177,30 @@ class HouseholdsApp:
         if scope["type"] == "lifespan":
             await self._lifespan(scope, receive, send)
             return
-        path: str = scope.get("path", "")
-        if scope["type"] != "http" or not path.startswith(PREFIX):
+        found = split(scope.get("path", "")) if scope["type"] == "http" else None
+        if found is None:
             await self.hub(scope, receive, send)
             return
-        household, _, rest = path[len(PREFIX):].partition("/")
+        household, path = found
         app = await self._app_of(household)
         if app is None:
             await _not_found(send)
             return
         inner = dict(scope)
-        inner["path"] = "/" + rest
-        inner["raw_path"] = inner["path"].encode()
-        inner["root_path"] = scope.get("root_path", "") + PREFIX + household
+        inner["path"] = path
+        inner["raw_path"] = path.encode()
+        inner["root_path"] = root = scope.get("root_path", "") + PREFIX + household
+        prefix = root.encode()
+
+        async def sending(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = dict(message, headers=[rooted_header(k, v, prefix)
+                                                 for k, v in message.get("headers", [])])
+            await send(message)
+
         self._active[household] = self._active.get(household, 0) + 1
         try:
-            await app(inner, receive, send)
+            await app(inner, receive, sending)
         finally:
             self._active[household] -= 1
             if not self._active[household]:

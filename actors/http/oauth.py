@@ -28,7 +28,10 @@ validation of every request, PKCE, client authentication, error shapes) over
 on the first request to one of these paths, as for ``/mcp``.
 
 The issuer and resource URLs are the request's own scheme and ``Host``: the
-hub is reached by its LAN address, whatever it is.
+hub is reached by its LAN address, whatever it is. Under a path (a household's
+``/households/ID``: the ASGI ``root_path``) the issuer is that path: its
+metadata is at the path-inserted well-known URLs (RFC 8414 §3.1, RFC 9728
+§3.1), which the household routing sends to the household's app.
 
 What is kept (:class:`OAuthStore`, ``<data dir>/mcp-oauth.json``, 0600,
 rewritten whole on each change through ``write_private``): the registered
@@ -472,7 +475,7 @@ def _token(issued: Issued) -> OAuthToken:
 _HOST = re.compile(r"(?:[A-Za-z0-9.-]{1,253}|\[[0-9A-Fa-f:.]{2,45}\])(?::[0-9]{1,5})?")
 
 
-def base_url(scope: dict[str, Any]) -> str:
+def origin(scope: dict[str, Any]) -> str:
     """``scheme://host[:port]`` as the client reached us (the ``Host`` header;
     one that is not a plain host and port: the address the server listens on)."""
     headers = dict(scope.get("headers") or [])
@@ -483,6 +486,13 @@ def base_url(scope: dict[str, Any]) -> str:
             f"{server[0]}:{server[1]}"
     scheme = "https" if scope.get("scheme") == "https" else "http"
     return f"{scheme}://{host}"
+
+
+def base_url(scope: dict[str, Any]) -> str:
+    """The app's own URL: :func:`origin` and the path it is served under (a
+    household's ``/households/ID``; the hub's: none). The issuer, and the
+    base of every endpoint and of the resource."""
+    return origin(scope) + str(scope.get("root_path") or "")
 
 
 class OAuthServer:
@@ -509,9 +519,13 @@ class OAuthServer:
         return None if found is None else audience_of(self.settings, found.person)
 
     def challenge(self, scope: dict[str, Any]) -> str:
-        """The ``WWW-Authenticate`` value of a 401 on ``/mcp`` (RFC 9728 §5.1)."""
+        """The ``WWW-Authenticate`` value of a 401 on ``/mcp`` (RFC 9728 §5.1):
+        the metadata's well-known URL, the resource's path inserted after it
+        (§3.1), as the household routing serves it
+        (:mod:`actors.http.households`)."""
+        root = str(scope.get("root_path") or "")
         return (f'Bearer error="invalid_token", error_description="Authentication required", '
-                f'resource_metadata="{base_url(scope)}{PRM_PATH}/mcp"')
+                f'resource_metadata="{origin(scope)}{PRM_PATH}{root}/mcp"')
 
     def _routes(self, base: str) -> dict[str, Any]:
         """The SDK's handlers for one base URL (built once per base)."""
@@ -528,11 +542,12 @@ class OAuthServer:
                   if getattr(r, "path", "") == AS_PATH else r
                   for r in _auth_routes(self.provider, issuer, registration, revocation)]
         resource = AnyHttpUrl(base + "/mcp")
-        routes += create_protected_resource_routes(resource, [issuer], [SCOPE],
-                                                   "Reverie memory")
-        # the bare form too, for clients that ask the root first
-        routes += [_renamed(r, PRM_PATH) for r in create_protected_resource_routes(
-            resource, [issuer], [SCOPE], "Reverie memory")]
+        # served at this app's own paths (the SDK's route would take the path
+        # the app is served under too): the resource's, and the bare form for
+        # clients that ask the root first
+        metadata = create_protected_resource_routes(resource, [issuer], [SCOPE],
+                                                    "Reverie memory")
+        routes += [_renamed(r, path) for r in metadata for path in (PRM_PATH + "/mcp", PRM_PATH)]
         return {"router": Router(routes=routes)}
 
     def _router(self, base: str) -> Any:

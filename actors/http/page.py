@@ -45,6 +45,7 @@ import hashlib
 import hmac
 import html
 import logging
+import re
 import secrets
 from collections.abc import Callable, Iterable, Mapping
 from datetime import date, datetime, time, timedelta, tzinfo
@@ -117,23 +118,39 @@ class PageAuth:
         return bool(given) and hmac.compare_digest(given.strip().encode(), self._token)
 
     def cookie_ok(self, cookie_header: bytes | str | None) -> bool:
-        given = cookie_value(cookie_header, COOKIE)
-        return given is not None and hmac.compare_digest(given.encode(), self.cookie.encode())
+        # every cookie of the name: the hub's login (path /) comes along with a
+        # household's (path /households/ID), in an order the browser picks
+        found = False
+        for given in cookie_values(cookie_header, COOKIE):
+            found |= hmac.compare_digest(given.encode(), self.cookie.encode())
+        return found
 
     def csrf_ok(self, given: str | None) -> bool:
         return given is not None and hmac.compare_digest(given.encode(), self.csrf.encode())
 
 
-def cookie_value(header: bytes | str | None, name: str) -> str | None:
-    """The value of cookie ``name`` in a ``Cookie`` header (None: not there)."""
+def cookie_values(header: bytes | str | None, name: str) -> list[str]:
+    """The values of cookie ``name`` in a ``Cookie`` header (none: not there)."""
     if not header:
-        return None
+        return []
     text = header.decode("latin-1") if isinstance(header, bytes) else header
+    found = []
     for part in text.split(";"):
         key, sep, value = part.strip().partition("=")
         if sep and key == name:
-            return value.strip().strip('"')
-    return None
+            found.append(value.strip().strip('"'))
+    return found
+
+
+_OWN_URL = re.compile(r'(\s(?:href|action|src)=")/(?!/)')
+
+
+def rooted(text: str, root: str) -> str:
+    """A page's HTML served under ``root`` (a household's ``/households/ID``):
+    each link, form and image of its own (``href``, ``action``, ``src`` that
+    start with one ``/``) put under it. What a memory says cannot match: its
+    quotes are escaped (:func:`esc`)."""
+    return _OWN_URL.sub(lambda m: m.group(1) + root + "/", text) if root else text
 
 
 def same_origin(headers: Mapping[str, str]) -> bool:
@@ -412,8 +429,8 @@ def install(app: Any, settings: Settings, backend: Backend) -> None:
             marks = {f"on_{name}": Safe('aria-current="page"' if current == name else "")
                      for name in ("list", "timeline", "pictures", "apps")}
             nav = fill(NAV, **marks)
-        text = fill(LAYOUT, title=title, nonce=nonce, style=Safe(STYLE), nav=nav,
-                    body=body, script=Safe(SCRIPT))
+        text = rooted(fill(LAYOUT, title=title, nonce=nonce, style=Safe(STYLE), nav=nav,
+                           body=body, script=Safe(SCRIPT)), request.scope.get("root_path", ""))
         return HTMLResponse(text, status_code=status, headers=security_headers(nonce))
 
     def trouble(request: Request, exc: BaseException) -> HTMLResponse:
