@@ -27,7 +27,11 @@ that node's Transcript owner or by a task pinned to it.
    follow the new route.
 
 A failure before step 5 gives the move up: the source serves again, the
-target's partial copy is left to the next move (which clears it). Every
+target's partial copy is left to the next move there (which clears it: step
+4's :meth:`~runtime.store.households.Households.receive`). So is the source's
+copy when the mover dies between steps 5 and 6: the route names the target,
+the source's owners refuse the household once their lease runs out, and a
+later move back clears that copy before it restores. Every
 acknowledged write was committed in the source store before step 2 ended, so
 step 3 carries it and step 4 checks it arrived.
 """

@@ -180,14 +180,18 @@ class Households:
 
     def receive(self, household: str, marker: str) -> Path:
         """Make ``household``'s directory ready for a restored store (a move to
-        this node): 0700, the marker (its content from the hub's), no store yet
-        (FileExistsError when there is one). The store path to restore into."""
+        this node): 0700, the marker (its content from the hub's), nothing else
+        but its identity. The store path to restore into.
+
+        The mover calls this only while the routing names another node, where
+        the one live store is; so whatever else is here is what an earlier stay
+        left, and is removed: a copy retired after a move away, a store a move
+        killed after its flip never retired, a copy a move given up after its
+        restore left. Each holds nothing the live store lacks (a move's final
+        sync carried all of it), and nothing of it may outlive a forget there."""
         where = private_dir(self.dir_of(household))
         own = self.settings_for_new(household)
-        if own.store.path.exists():
-            raise FileExistsError(f"household {household!r} already has a store here "
-                                  f"({own.store.path})")
-        for entry in where.iterdir():  # what an earlier stay here left (moved away since)
+        for entry in where.iterdir():
             if entry.name not in IDENTITY:
                 if entry.is_dir() and not entry.is_symlink():
                     shutil.rmtree(entry)
