@@ -253,6 +253,17 @@ class HouseholdCron:
 
     # -- reminders -------------------------------------------------------------------
 
+    def next_reminder(self, msg: object = None) -> float | None:
+        """When the next pending reminder is due (epoch seconds), if any."""
+        with self._lock:
+            return reminders.next_due(self.store)
+
+    def fire_due(self, msg: object = None) -> list[int]:
+        """Fire the reminders due now; the ids said. For a household that does
+        not tick itself: the actor's sweep thread calls it when one falls due
+        (:meth:`actors.households.HouseholdRouter.fire_due_reminders`)."""
+        return self._fire_reminders(self.clock.now())[0]
+
     def remind(self, msg: Remind) -> Reminded:
         msg = accept(Remind, msg)
         if msg.channel not in self.settings.channels:

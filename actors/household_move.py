@@ -13,7 +13,9 @@ that node's Transcript owner or by a task pinned to it.
 3. Final sync, on the source node: its store registered with that node's
    Litestream and stopped, which waits for the upload
    (:meth:`device.household_replicator.HouseholdReplicator.final_sync`); the
-   store's newest write-log id and turn count are read then.
+   store's newest write-log id and turn count are read then, and the files of
+   its language model's retry queue (``llm_queue``), which step 4 writes
+   beside the restored store.
 4. Restore, on the target node (a task pinned there): the replica restored
    into the target's root, checked (``PRAGMA integrity_check``) and compared
    with step 3: the copy must hold exactly that write-log id and that many
@@ -110,12 +112,16 @@ RESTORE_POLL_S = 1.0
 
 
 def restore_here(settings: Settings, node: str, household: str, marker: str,
-                 expect: dict[str, int]) -> dict[str, Any]:
+                 expect: dict[str, int], llm_queue: list[dict[str, Any]]) -> dict[str, Any]:
     """On the target node: the household's replica restored into this node's
-    root, holding exactly ``expect`` (again until ``replica.max_lag_s``)."""
+    root, holding exactly ``expect`` (again until ``replica.max_lag_s``), and
+    its language model's retry queue written beside it."""
     import ray
 
+    from actors.job_snapshot import replace_queue
+    from actors.messages import QueueFile
     from device.replicator import ReplicaError, restore_into
+    from runtime.llm.queue import QUEUE_DIR
 
     registry = Households(node_settings(settings, node))
     dest = registry.receive(household, marker)
@@ -132,6 +138,7 @@ def restore_here(settings: Settings, node: str, household: str, marker: str,
             raise ReplicaError(f"the replica of household {household!r} holds {marks}, "
                                f"not {expect}, after {settings.replica.max_lag_s:g} s")
         time.sleep(RESTORE_POLL_S)  # the replica is behind: its upload is on its way
+    replace_queue(own.store.resolved_dir / QUEUE_DIR, [QueueFile(**f) for f in llm_queue])
     registry.arrived(household)
     return {"path": str(dest), "node_id": ray.get_runtime_context().get_node_id(),
             "restore_s": round(time.monotonic() - started, 3), **marks}
@@ -190,13 +197,15 @@ def move(settings: Settings, household: str, to: str) -> dict[str, Any]:
             lease.start()
         step("drain")
         synced = ray.get(owners[TRANSCRIPT].final_sync.remote(req), timeout=330)
+        queue = synced.pop("llm_queue", [])
+        synced["llm_queue_files"] = len(queue)
         step("final_sync")
         expect = {"write_log_id": synced["write_log_id"], "turns": synced["turns"]}
         task: Any = ray.remote(restore_here)
         restored = ray.get(task.options(
             num_cpus=0, max_retries=0,
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=target_id, soft=False),
-        ).remote(settings, target, household, registry.marker(household), expect),
+        ).remote(settings, target, household, registry.marker(household), expect, queue),
             timeout=settings.replica.max_lag_s + 600)
         step("restore")
         lease.hold()  # the source refused the household all along, and still does
@@ -213,6 +222,11 @@ def move(settings: Settings, household: str, to: str) -> dict[str, Any]:
         for name in begun:
             ray.get(owners[name].end_move.remote(req), timeout=60)
     step("retire")
+    try:  # its reminders fire on time there from now on, not from its next sweep
+        ray.get(ray.get_actor(actor_name(CRON, target), namespace=ns)
+                .note_reminders.remote(req), timeout=60)
+    except Exception as exc:  # the target's sweep reads them anyway
+        report["reminders"] = f"not read yet: {type(exc).__name__}"
     report.update(moved=True, synced=synced, restored=restored, steps=steps,
                   seconds=round(time.monotonic() - began, 3))
     return report

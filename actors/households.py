@@ -35,6 +35,7 @@ from actors.household_routing import node_settings, publish, route
 from runtime.config import HUB_HOUSEHOLD, Settings
 from runtime.store.household_routes import HUB_NODE, save_route
 from runtime.store.households import Households, check_id, store_marks
+from runtime.time.clock import Clock, SystemClock
 
 if TYPE_CHECKING:
     from device.household_replicator import HouseholdReplicator
@@ -49,6 +50,13 @@ MOVE_DRAIN_S = 120.0
 # it (every third of it): a mover that dies (kill -9, a lost connection) leaves
 # the household refused for at most this long, then served where its route says.
 MOVE_LEASE_S = 30.0
+# The sweep's owner (Cron) fires each household's reminders when due; these
+# change when one is due, so the due time is read again after them.
+REMINDER_CHANGES = ("remind", "cancel_reminder")
+# How long the sweep thread waits before it fires an overdue reminder again
+# (its firing failed, or a scheduled prompt is being answered), and at most.
+REMINDER_RETRY_S = 30.0
+MAX_WAKE_S = 3600.0
 
 
 def household_of(msg: object) -> str:
@@ -265,6 +273,11 @@ class HouseholdRouter:
     served: Served
     _replication: HouseholdReplicator | None
     _replicating: ThreadPoolExecutor
+    _sweeping: threading.Event
+    _due: dict[str, float]
+    _due_lock: threading.Lock
+    _due_changed: threading.Event
+    _clock: Clock
 
     def ping(self, msg: object = None) -> str:
         return "ok"
@@ -307,8 +320,13 @@ class HouseholdRouter:
     def final_sync(self, msg: object = None) -> dict[str, Any]:
         """Every write of the household ``msg`` names into its replica now (the
         replication host, the Transcript owner; the household closed in every
-        owner here first: :meth:`begin_move`). Its ``txid`` then, and what its
-        store holds (``write_log_id``, ``turns``)."""
+        owner here first: :meth:`begin_move`). Its ``txid`` then, what its
+        store holds (``write_log_id``, ``turns``), and the files of its language
+        model's retry queue (``llm_queue``: references, never memory content),
+        which travel with it."""
+        from actors.job_snapshot import read_queue
+        from runtime.llm.queue import QUEUE_DIR
+
         household = household_of(msg)
         replication = self._replication
         if replication is None:
@@ -321,7 +339,9 @@ class HouseholdRouter:
             raise BadRequest(f"household {household!r} has no store on this node")
         txid = self._replicating.submit(replication.final_sync, own.store.path,
                                         own.replica.url).result(timeout=300)
-        return {"txid": txid, **store_marks(own.store.path)}
+        queue = read_queue(own.store.resolved_dir / QUEUE_DIR)
+        return {"txid": txid, **store_marks(own.store.path),
+                "llm_queue": [f.model_dump() for f in queue]}
 
     def set_route(self, msg: object = None, node: str = HUB_NODE) -> dict[str, str]:
         """The household ``msg`` names is served by ``node`` from now on: the
@@ -362,8 +382,8 @@ class HouseholdRouter:
 
     def __getattr__(self, name: str) -> Any:
         # in process (tests), the hub's instance's attributes read through
-        if name in ("served", "_sweeping", "_replication", "_replicating", "_namespace") \
-                or name.startswith("__"):
+        if name in ("served", "_sweeping", "_replication", "_replicating", "_namespace",
+                    "_due", "_due_lock", "_due_changed", "_clock") or name.startswith("__"):
             raise AttributeError(name)
         return getattr(self.served.hub(), name)
 
@@ -386,18 +406,98 @@ class HouseholdRouter:
             try:
                 with self.served.lease(household) as one:
                     one.tick(Tick(household=household, wait=True))
+                    self._note_due(household, one)
                 ticked.append(household)
             except Exception as exc:  # one household's failure never stops the others
                 log.warning("cron sweep: household %s: %s", household, type(exc).__name__)
         return ticked
 
+    # -- reminders on time in the households the sweep ticks --------------------------
+
+    def _note_due(self, household: str, one: Any) -> None:
+        """Keep when ``household``'s next reminder is due (``one``: its open instance)."""
+        if household == HUB_HOUSEHOLD:  # the hub's own ticks itself, reminders too
+            return
+        read = getattr(one, "next_reminder", None)
+        due = read() if read is not None else None
+        with self._due_lock:
+            if due is None:
+                self._due.pop(household, None)
+            else:
+                self._due[household] = due
+        self._due_changed.set()
+
+    def note_reminders(self, msg: object = None) -> float | None:
+        """Read again when the household ``msg`` names has its next reminder due
+        (a household that moved here: the mover asks). That time, if any."""
+        household = household_of(msg)
+        with self.served.lease(household) as one:
+            self._note_due(household, one)
+        with self._due_lock:
+            return self._due.get(household)
+
+    def _scan_due(self) -> None:
+        for household in self.served.registry.ids():
+            if household == HUB_HOUSEHOLD or self._sweeping.is_set():
+                continue
+            try:
+                self.note_reminders(household)
+            except Exception as exc:  # served elsewhere, or not readable: the sweep says
+                log.warning("cron: reminders of household %s: %s", household,
+                            type(exc).__name__)
+
+    def fire_due_reminders(self) -> list[str]:
+        """Fire the reminders now due in the households the sweep ticks; those
+        households."""
+        now = self._clock.now()
+        with self._due_lock:
+            ready = [h for h, due in self._due.items() if due <= now]
+        for household in ready:
+            try:
+                with self.served.lease(household) as one:
+                    one.fire_due()
+                    self._note_due(household, one)
+            except (HouseholdElsewhere, BadRequest):  # moved away, stopped: not ours
+                with self._due_lock:
+                    self._due.pop(household, None)
+                continue
+            except Exception as exc:
+                log.warning("cron: reminders of household %s: %s", household,
+                            type(exc).__name__)
+            with self._due_lock:
+                if self._due.get(household, now + 1) <= now:  # not fired: failed, or asking
+                    self._due[household] = now + REMINDER_RETRY_S
+        return ready
+
     def _sweep_loop(self, every: float) -> None:
-        while not self._sweeping.wait(every):
-            self.sweep()
+        """The sweep every ``every`` s (the first after a full interval); in
+        between, each household's reminders when they fall due, as the hub's
+        own Cron does for the hub (read at start, after each tick of a
+        household, and after a reminder is set or cancelled)."""
+        self._scan_due()
+        next_sweep = time.monotonic() + every
+        while not self._sweeping.is_set():
+            wait = next_sweep - time.monotonic()
+            with self._due_lock:
+                soonest = min(self._due.values(), default=None)
+            if soonest is not None:
+                wait = min(wait, soonest - self._clock.now())
+            if self._due_changed.wait(max(0.0, min(wait, MAX_WAKE_S))):
+                self._due_changed.clear()  # a due time changed, or stop: look again
+                continue
+            try:
+                if time.monotonic() >= next_sweep:
+                    next_sweep = time.monotonic() + every
+                    self.sweep()
+                else:
+                    self.fire_due_reminders()
+            except Exception:  # the loop never ends on one failure
+                log.exception("cron: the household sweep failed")
 
     def stop(self, msg: object = None) -> None:
         """End the sweep and every open household's own threads."""
         self._sweeping.set()
+        self._due_changed.set()
         self.stop_replication()
         for one in self.served.all_open():
             stop = getattr(one, "stop", None)
@@ -463,6 +563,21 @@ def _forward(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return method
 
 
+def _noting_due(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` (one that changes a household's reminders), then the
+    household's next due time read again for the sweep thread."""
+    def noted(self: HouseholdRouter, msg: object = None, *args: Any) -> Any:
+        answer = method(self, msg, *args)
+        household = household_of(msg)
+        if household != HUB_HOUSEHOLD:
+            with self.served.lease(household) as one:
+                self._note_due(household, one)
+        return answer
+    noted.__name__ = method.__name__
+    noted.__doc__ = method.__doc__
+    return noted
+
+
 def _broadcast(name: str) -> Callable[..., Any]:
     def method(self: HouseholdRouter, msg: object = None, *args: Any) -> Any:
         answers = {household: getattr(one, name)() for household, one in self.served.open_items()}
@@ -504,6 +619,10 @@ def serving(one: type, name: str, hub_only: bool = False,
 
         self.served = Served(settings, open_one, name, hub_only, node)
         self._sweeping = threading.Event()
+        self._due = {}  # household: when its next reminder is due (sweep owners)
+        self._due_lock = threading.Lock()
+        self._due_changed = threading.Event()
+        self._clock = kwargs.get("clock") or SystemClock()
         self._replication = None
         self._namespace = settings.runtime.namespace
         if not self.served.hub_only:
@@ -528,4 +647,6 @@ def serving(one: type, name: str, hub_only: bool = False,
                                                    "stop"):
             continue
         attrs[attr] = _broadcast(attr) if attr in BROADCAST else _forward(attr, fn)
+        if sweep and attr in REMINDER_CHANGES:
+            attrs[attr] = _noting_due(attrs[attr])
     return type(name, (HouseholdRouter,), attrs)

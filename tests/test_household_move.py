@@ -41,6 +41,7 @@ CALL_TIMEOUT_S = 300
 NS = "move-test"
 ABANDONED_LEASE_S = 4.0
 HOUSEHOLD = "smith"
+QUEUED = "distil:smith:1-2"
 
 
 @pytest.fixture(scope="module")
@@ -76,6 +77,8 @@ def test_a_household_moves_to_another_node_with_every_acknowledged_turn(
     missing = [text for text in acked if text not in seen["contents"]]
     assert missing == [], missing  # every acknowledged turn, none lost
     assert seen["recall_found"], seen  # recall (on b) finds what was told
+    assert seen["queued_b"] == [QUEUED]  # the language model's retry queue came along
+    assert report["synced"]["llm_queue_files"] == 1  # its one entry
     assert seen["served_by"] == "transcript@b"
     assert seen["owner_node"] == seen["node_b"]
     assert seen["hub_copy"] == {"moved": "b", "store": False}  # the old copy removed, marked
@@ -186,6 +189,7 @@ def harness(root: Path, model_cache: Path) -> None:  # pragma: no cover
     from actors.household_routing import LABEL, ROOT_ENV, publish, route
     from actors.messages import Recall, RecentTurns, UserTurn
     from runtime.config import load_settings
+    from runtime.llm.queue import PendingEntry, PendingQueue
     from runtime.store.household_routes import load_routes
     from runtime.store.households import Households
 
@@ -247,6 +251,10 @@ def harness(root: Path, model_cache: Path) -> None:  # pragma: no cover
                 reply(acked=told)
             elif command == "prepare":
                 supervisor.start_node_owners(settings, "b", node_b.node_id)
+                # a segment distil could not summarise yet: it travels with the household
+                PendingQueue.in_data_dir(registry.dir_of(HOUSEHOLD)).push(PendingEntry(
+                    key=QUEUED, kind="distil", payload={"turns": [1, 2]},
+                    enqueued_at=time.time(), attempts=1, last_error="timeout"))
                 reply(ready=True)
             elif command == "move":
                 stop = threading.Event()
@@ -311,7 +319,8 @@ def harness(root: Path, model_cache: Path) -> None:  # pragma: no cover
                 except ray.exceptions.RayTaskError as exc:
                     refuses = type(exc.cause).__name__
                 home = TurnsClient(NS, 240).process(UserTurn(channel="chat", text="hello home"))
-                reply(store=str(store), root_b=str(root_b), contents=stored,
+                queued = sorted(PendingQueue.in_data_dir(root_b / HOUSEHOLD).keys())
+                reply(store=str(store), root_b=str(root_b), contents=stored, queued_b=queued,
                       recall_found=any("kettle" in i.text for i in found.items),
                       served_by=client.actor_name(), owner_node=where["node_id"],
                       node_b=node_b.node_id,

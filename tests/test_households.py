@@ -39,11 +39,20 @@ from actors.cli.main import parser
 from actors.common import BadRequest
 from actors.handles import CronClient, HttpClient, RecallClient, TranscriptClient
 from actors.http.app import load_or_create_token, token_path
-from actors.messages import Activity, AppendTurns, JobsStatus, Recall, RecentTurns, Tick
+from actors.messages import (
+    Activity,
+    AppendTurns,
+    JobsStatus,
+    Recall,
+    RecentTurns,
+    Remind,
+    Tick,
+)
 from runtime.config import HUB_HOUSEHOLD, JOB_NAMES, Settings, load_settings
 from runtime.memories.transcript import TurnIn
 from runtime.store.households import Households, UnknownHousehold, check_id
 from tests.oauth_client import Memory, field_of
+from tests.waiting import wait_for
 
 NS = "test-households"
 MAX_OPEN = 2
@@ -441,6 +450,23 @@ def test_jobs_run_per_household_behind_its_own_gate(hub: Hub) -> None:
     # the run is recorded in quiet's own store, and nowhere else
     assert job_runs(hub, "quiet") == [("ok", "ok")]
     assert job_runs(hub, "alpha") == [] and job_runs(hub, HUB_HOUSEHOLD) == []
+
+
+def test_a_households_reminder_fires_when_due_not_at_the_next_sweep(hub: Hub) -> None:
+    """The sweep runs once a day here (``check_every_s``): only the reminder's
+    own timer in the Cron actor's sweep thread can fire it in time."""
+    text = f"feed the heron by the pond ({uuid.uuid4().hex[:6]})"
+    made = CronClient(NS, household="alpha").remind(Remind(
+        text=text, when="in 1 minute", channel="chat", now=time.time() - 55))
+
+    def said(household: str) -> list[float]:
+        rows = TranscriptClient(NS, household=household).recent(
+            RecentTurns(channel="chat", limit=50)).turns
+        return [r.created_at for r in rows if text in r.content]
+
+    assert wait_for(lambda: said("alpha"), timeout=120), "the reminder did not fire"
+    assert said("alpha")[0] >= made.due_at
+    assert said("beta") == []
 
 
 def test_the_sweep_ticks_every_household_but_the_hubs(hub: Hub) -> None:
