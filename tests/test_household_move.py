@@ -209,21 +209,11 @@ def harness(root: Path, model_cache: Path) -> None:  # pragma: no cover
     registry = Households(settings)
     node_args: dict[str, Any] = {"node_ip_address": ip, "num_cpus": 1,
                                  "object_store_memory": 80 * 1024 * 1024}
-    for attempt in (1, 2):
-        # Ray gives a node 30 s to register (a constant of ray._private.node): on
-        # a machine loaded by other work that was seen to pass; once more then
-        try:
-            with cluster_node():
-                made = Cluster(initialize_head=True, head_node_args={
-                    **node_args, "include_dashboard": False})
-                node_b = made.add_node(**node_args, labels={LABEL: "b"},
-                                       env_vars={ROOT_ENV: str(root_b)})
-            break
-        except Exception as exc:
-            if attempt == 2 or "timed out during startup" not in str(exc):
-                raise
-            with contextlib.suppress(Exception):
-                made.shutdown()
+    with cluster_node():  # also: longer than Ray's 30 s for a node to register
+        made = Cluster(initialize_head=True, head_node_args={
+            **node_args, "include_dashboard": False})
+        node_b = made.add_node(**node_args, labels={LABEL: "b"},
+                               env_vars={ROOT_ENV: str(root_b)})
     made.wait_for_nodes()
     ray.init(address=made.address, namespace=NS, log_to_driver=False, logging_level="ERROR")
     sup = supervisor.start(settings, cluster=True)

@@ -92,8 +92,11 @@ def cluster_node() -> Iterator[None]:
     """While Ray starts a node in this process (``ray.init`` on the head,
     ``reverie join``'s worker node, a test's ``Cluster.add_node``): its
     dashboard agent and, on the head, the dashboard's process are told not to
-    open their Prometheus ports."""
+    open their Prometheus ports. And it is given longer than Ray's 30 s to
+    register (:func:`actors.node.patient_registration`)."""
     from ray._private import ray_constants, services
+
+    from actors.node import patient_registration
 
     start_process = services.start_ray_process
 
@@ -107,6 +110,7 @@ def cluster_node() -> Iterator[None]:
 
     services.start_ray_process = start_ray_process
     try:
-        yield
+        with patient_registration():
+            yield
     finally:
         services.start_ray_process = start_process
