@@ -441,7 +441,7 @@ class HouseholdRouter:
             if household == HUB_HOUSEHOLD or self._sweeping.is_set():
                 continue
             try:
-                self.note_reminders(household)
+                self.note_reminders({"household": household})
             except Exception as exc:  # served elsewhere, or not readable: the sweep says
                 log.warning("cron: reminders of household %s: %s", household,
                             type(exc).__name__)

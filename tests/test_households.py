@@ -587,6 +587,61 @@ def test_a_move_whose_mover_died_lets_the_household_go_when_its_lease_runs_out(
         served.lease("smith").__enter__()
 
 
+def test_the_sweep_thread_fires_each_households_reminders_when_due(tmp_path: Path) -> None:
+    """In process, on a controlled clock: the Cron owner's router reads each
+    household's next reminder at start and after a reminder is set, fires a
+    household's when it is due (not at the next sweep), and tries one whose
+    firing failed again a while later."""
+    from actors.households import REMINDER_RETRY_S, serving
+    from runtime.time.clock import ManualClock
+
+    settings = load_settings(env={}, overrides={
+        "store": {"data_dir": str(tmp_path)}, "households": {"enabled": True}})
+    registry = Households(settings)
+    for one in ("a1", "a2", "a3"):
+        registry.add(one)
+    clock = ManualClock(1000.0)
+    due: dict[str, float | None] = {"a1": 1010.0, "a2": None, "a3": 1005.0}
+    fired: list[str] = []
+    failing = {"a3"}
+
+    class Household:
+        def __init__(self, own: Settings, clock: Any = None, background: bool = True) -> None:
+            self.name = own.household.id
+
+        def next_reminder(self, msg: object = None) -> float | None:
+            return due.get(self.name)
+
+        def fire_due(self, msg: object = None) -> list[int]:
+            if self.name in failing:
+                raise RuntimeError("the transcript did not answer")
+            fired.append(self.name)
+            due[self.name] = None
+            return [1]
+
+        def remind(self, msg: object = None) -> str:
+            due[self.name] = 1020.0
+            return "made"
+
+    router: Any = serving(Household, "CronForTests", sweep=True)(
+        settings, clock=clock, background=False)
+    router.served.route = lambda household: "hub"
+    router._scan_due()  # what the sweep thread does first
+    assert router._due == {"a1": 1010.0, "a3": 1005.0}
+    assert router.remind({"household": "a2"}) == "made"
+    assert router._due["a2"] == 1020.0
+    clock.advance(9)  # 1009: a3 due (and failing), a1 not yet
+    assert router.fire_due_reminders() == ["a3"] and fired == []
+    assert router._due["a3"] == 1009 + REMINDER_RETRY_S  # tried again later
+    clock.advance(1)  # 1010: a1 due
+    assert router.fire_due_reminders() == ["a1"] and fired == ["a1"]
+    assert "a1" not in router._due
+    failing.clear()
+    clock.set(1009 + REMINDER_RETRY_S)
+    assert sorted(router.fire_due_reminders()) == ["a2", "a3"]
+    assert sorted(fired) == ["a1", "a2", "a3"] and router._due == {}
+
+
 def test_the_http_server_keeps_at_most_max_open_household_apps(tmp_path: Path) -> None:
     """In process: ``/households/ID/`` apps are built on demand and at most
     ``households.max_open`` kept; the least recently used one with no request
