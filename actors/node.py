@@ -173,16 +173,15 @@ def patient_registration() -> Iterator[None]:
     from ray._private import services
 
     get_node = services.get_node
-    deadline: list[float] = []
+    waiting: dict[str, float] = {}  # node id: until when it may take to register
 
     def patient_get_node(gcs_address: str, node_id: str) -> Any:
-        if not deadline:
-            deadline.append(time.monotonic() + NODE_REGISTER_S)
+        until = waiting.setdefault(node_id, time.monotonic() + NODE_REGISTER_S)
         while True:
             try:
                 return get_node(gcs_address, node_id)
             except RuntimeError:  # not registered yet
-                if time.monotonic() >= deadline[0]:
+                if time.monotonic() >= until:
                     raise
                 time.sleep(0.5)
 
