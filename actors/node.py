@@ -51,6 +51,7 @@ from actors.discovery import (
     use_token,
     write_runtime,
 )
+from actors.node_registration import patient_registration
 from runtime.config import Settings
 
 log = logging.getLogger(__name__)
@@ -94,8 +95,6 @@ HUB_DASHBOARD_ENV: dict[str, str] = {
     "SCAN_EVENT_DIR_INTERVAL_SECONDS": "10",
 }
 EXIT_EXPOSED = 3  # refusing to run: exposed, Ray's directory not private, or no replica
-# How long our own new node may take to register with its GCS (Ray's own: 30 s).
-NODE_REGISTER_S = 180.0
 
 @contextmanager
 def hub_node(log_monitor: bool) -> Iterator[None]:
@@ -121,7 +120,7 @@ def hub_node(log_monitor: bool) -> Iterator[None]:
 
     And Ray's periodic chores run less often (:data:`HUB_SYSTEM_CONFIG`, the
     dashboard's :data:`HUB_DASHBOARD_ENV`): idle CPU. And the node is given
-    :data:`NODE_REGISTER_S` to register (:func:`patient_registration`)."""
+    longer than Ray's 30 s to register (:mod:`actors.node_registration`)."""
     from ray._private import parameter, ray_constants, services
 
     ray_params = parameter.RayParams
@@ -155,41 +154,6 @@ def hub_node(log_monitor: bool) -> Iterator[None]:
         services.start_ray_process = start_process
         for name in unset:
             os.environ.pop(name, None)
-
-
-@contextmanager
-def patient_registration() -> Iterator[None]:
-    """While Ray starts a node in this process: it is given
-    :data:`NODE_REGISTER_S` to register, not Ray's 30 s.
-
-    ``ray._private.node`` waits for a new raylet to appear in the GCS for a
-    fixed 30 s (a local variable), asking ``services.get_node`` again each time
-    that raises; on a hub loaded by other work (a Pi 5 beside a busy process,
-    a CPU hog beside the test suite) that was seen to run out, and ``reverie
-    run`` failed with "The current node timed out during startup". Here the
-    first of those questions itself asks again until the node is there or
-    :data:`NODE_REGISTER_S` has passed (a raylet that died is then reported
-    as Ray reports it, later)."""
-    from ray._private import services
-
-    get_node = services.get_node
-    waiting: dict[str, float] = {}  # node id: until when it may take to register
-
-    def patient_get_node(gcs_address: str, node_id: str) -> Any:
-        until = waiting.setdefault(node_id, time.monotonic() + NODE_REGISTER_S)
-        while True:
-            try:
-                return get_node(gcs_address, node_id)
-            except RuntimeError:  # not registered yet
-                if time.monotonic() >= until:
-                    raise
-                time.sleep(0.5)
-
-    services.get_node = patient_get_node
-    try:
-        yield
-    finally:
-        services.get_node = get_node
 
 
 def prepare_node_auth(settings: Settings, address: str | None) -> str:

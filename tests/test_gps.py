@@ -235,11 +235,15 @@ def _settings(port: int, **more: Any) -> GpsSettings:
     return GpsSettings(enabled=True, port=port, poll_s=POLL_S, person="hub", **more)
 
 
-def check_against_log(records: list[LocationRecord], log: list[LogEpoch]) -> None:
+def check_against_log(records: list[LocationRecord], log: list[LogEpoch],
+                      one_replay: bool = True) -> None:
+    """Each record is a fix of the log, as logged; from ``one_replay``, each
+    once and in order (a log replayed again and again starts over)."""
     fixes = {e.at: e for e in log if e.fix}
     times = [r.at for r in records]
-    assert len(times) == len(set(times)), "a fix returned twice"
-    assert times == sorted(times)
+    if one_replay:
+        assert len(times) == len(set(times)), "a fix returned twice"
+        assert times == sorted(times)
     for record in records:
         assert record.at in fixes, f"no fix in the log at {record.at}"
         assert record.lat == pytest.approx(fixes[record.at].lat, abs=1e-5)
@@ -287,8 +291,10 @@ def test_each_fix_of_the_drive_once_and_none_without_a_fix(
 
 
 def test_gpsd_going_away_and_coming_back(gpsfake: Gpsfake, readers: list[GpsReader]) -> None:
+    # The drive is replayed again and again: on a loaded machine a single
+    # replay (about 5 s) was seen to end before the reader had two fixes of it.
     port = _free_port()
-    gpsfake.start(DRIVE, port)
+    gpsfake.start(DRIVE, port, once=False)
     reader = GpsReader(_settings(port), timeout_s=3.0, backoff_min_s=0.2, backoff_max_s=0.4)
     readers.append(reader)
     seen = Seen([], [])
@@ -305,11 +311,11 @@ def test_gpsd_going_away_and_coming_back(gpsfake: Gpsfake, readers: list[GpsRead
     assert reader.errors > errors                                       # tried, and failed
 
     before = len(seen.records)
-    gpsfake.start(DRIVE, port)
+    gpsfake.start(DRIVE, port, once=False)
     assert read_until(reader, seen, lambda: len(seen.records) >= before + 2), gpsfake.output()
     assert reader.connected
-    check_against_log(seen.records[:before], read_log(DRIVE))
-    check_against_log(seen.records[before:], read_log(DRIVE))
+    check_against_log(seen.records[:before], read_log(DRIVE), one_replay=False)
+    check_against_log(seen.records[before:], read_log(DRIVE), one_replay=False)
 
 
 @pytest.mark.parametrize("min_mode", [2, 3])

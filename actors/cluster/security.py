@@ -93,10 +93,10 @@ def cluster_node() -> Iterator[None]:
     ``reverie join``'s worker node, a test's ``Cluster.add_node``): its
     dashboard agent and, on the head, the dashboard's process are told not to
     open their Prometheus ports. And it is given longer than Ray's 30 s to
-    register (:func:`actors.node.patient_registration`)."""
+    register (:mod:`actors.node_registration`)."""
     from ray._private import ray_constants, services
 
-    from actors.node import patient_registration
+    from actors.node_registration import patient_registration
 
     start_process = services.start_ray_process
 
