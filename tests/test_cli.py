@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.reverie_process import start_runtime
+from tests.reverie_process import reverie as run_reverie
+from tests.reverie_process import reverie_process, start_runtime
 
 REVERIE = [sys.executable, "-m", "actors.cli"]
 NS = "test-cli"
@@ -28,8 +29,9 @@ def _env(data_dir: Path, model_cache: Path) -> dict[str, str]:
 
 def reverie(env: dict[str, str], *args: str, stdin: str | None = None,
             timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*REVERIE, *args], env=env, capture_output=True, text=True,
-                          input=stdin, timeout=timeout)
+    """``reverie ARGS``: in this process against the module's runtime (it is joined
+    to this process's Ray), in its own process otherwise (tests/reverie_process.py)."""
+    return run_reverie(env, *args, stdin=stdin, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +75,9 @@ def test_init_writes_a_user_config_that_loads(tmp_path: Path, model_cache: Path)
 
 
 def test_status_lists_every_actor(running: dict[str, str]) -> None:
-    result = reverie(running, "status", "--json")
+    # a `reverie` process of its own, as a user runs it: its own Ray driver joins
+    # the runtime's cluster (the other commands of this module run in-process)
+    result = reverie_process(running, "status", "--json")
     assert result.returncode == 0, result.stderr
     status = json.loads(result.stdout)
     assert status["namespace"] == NS

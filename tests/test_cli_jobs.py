@@ -20,6 +20,7 @@ from runtime.config import JOB_NAMES
 from runtime.mind import registry as jobs
 from runtime.mind.contract import JobContext, JobResult
 from tests.reverie_process import joined_runtime, runtime_env
+from tests.reverie_process import reverie as run_reverie
 
 REVERIE = [sys.executable, "-m", "actors.cli"]
 NS = "test-cli-jobs"
@@ -28,8 +29,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def reverie(env: dict[str, str], *args: str, timeout: float = 300
             ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*REVERIE, *args], env=env, capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    """``reverie ARGS`` from the repository, in this process (the runtime is joined
+    to this process's Ray: tests/reverie_process.py)."""
+    return run_reverie(env, *args, timeout=timeout, cwd=ROOT)
 
 
 def embeds(ctx: JobContext) -> JobResult:

@@ -35,6 +35,7 @@ from runtime.mind import geo, geo_job
 from runtime.mind.contract import JobContext
 from runtime.mind.geo import Observation, Params
 from runtime.time.clock import ManualClock
+from tests.reverie_process import reverie as run_reverie
 from tests.reverie_process import start_runtime
 
 TOKYO = ZoneInfo("Asia/Tokyo")
@@ -466,8 +467,7 @@ REVERIE = [sys.executable, "-m", "actors.cli"]
 
 
 def reverie(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*REVERIE, *args], env=env, capture_output=True, text=True,
-                          timeout=300)
+    return run_reverie(env, *args, timeout=300)  # in-process when joined here
 
 
 @pytest.fixture(scope="module")

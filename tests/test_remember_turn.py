@@ -29,6 +29,7 @@ from runtime.llm.providers import OfflineProvider
 from runtime.store.database import Store
 from runtime.store.fact_kinds import FactKinds
 from tests.reverie_process import joined_runtime, runtime_env
+from tests.reverie_process import reverie as run_reverie
 
 REVERIE = [sys.executable, "-m", "actors.cli"]
 NS = "test-remember-turn"
@@ -47,8 +48,7 @@ def running(ray_instance: str, server: FakeOpenAI, tmp_path_factory: pytest.Temp
 
 
 def reverie(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*REVERIE, *args], env=env, capture_output=True, text=True,
-                          timeout=300, cwd=ROOT)
+    return run_reverie(env, *args, timeout=300, cwd=ROOT)  # in-process when joined here
 
 
 def store_of(env: dict[str, str]) -> Store:

@@ -49,7 +49,9 @@ def test_imported_turns_survive_losing_the_database(ray_instance: str, tmp_path:
     try:
         imported = reverie(env, "import", str(lines), "--channel", "chat")
         assert imported.returncode == 0, imported.stderr
-        assert status(env)["replica"]["running"] is True
+        # the replicator (a thread of `reverie run`) reports once Litestream runs
+        assert wait_for(lambda: status(env)["replica"]["running"] is True, 60), \
+            status(env)["replica"]
         # the replica catches up; then verify passes on the live runtime
         assert wait_for(lambda: reverie(env, "backup", "verify").returncode == 0, 90), \
             reverie(env, "backup", "verify").stderr

@@ -36,6 +36,7 @@ from runtime.store.database import Store
 from runtime.store.fact_kinds import FactKinds
 from runtime.store.rollback import PlanOutdated, apply, log_entries, plan
 from runtime.time.clock import DAY, ManualClock
+from tests.reverie_process import reverie as run_reverie
 
 KINDS = FactKinds.load(CONFIG_DIR / "fact_kinds.toml")
 PROFILES = MemoryProfiles.load(CONFIG_DIR / "profiles.toml")
@@ -610,8 +611,7 @@ def _env(data_dir: Path) -> dict[str, str]:
 
 def reverie(env: dict[str, str], *args: str,
             stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*REVERIE, "doctor", *args], env=env, capture_output=True,
-                          text=True, input=stdin, timeout=120)
+    return run_reverie(env, "doctor", *args, stdin=stdin, timeout=120)  # in-process: joined here
 
 
 def test_doctor_commands(tmp_path: Path) -> None:

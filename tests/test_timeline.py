@@ -19,7 +19,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -43,6 +42,7 @@ from runtime.store.database import Store
 from runtime.store.fact_kinds import FactKinds
 from runtime.time.clock import ManualClock
 from runtime.time.expressions import TimeExpressionError
+from tests.reverie_process import reverie as run_reverie
 from tests.reverie_process import start_runtime
 
 LISBON = ZoneInfo("Europe/Lisbon")
@@ -296,8 +296,7 @@ def history() -> list[dict[str, Any]]:
 
 
 def reverie(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "actors.cli", *args], env=env,
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return run_reverie(env, *args, timeout=300, cwd=ROOT)  # in-process when joined here
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from runtime.memories.user_profile import (
 from runtime.memory import Memory
 from runtime.mind.spoken_profile import facts_text, is_instruction, spoken_ops
 from tests.reverie_process import joined_runtime, runtime_env
+from tests.reverie_process import reverie as run_reverie
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -183,8 +183,7 @@ def running(ray_instance: str, server: FakeOpenAI, tmp_path_factory: pytest.Temp
 
 
 def reverie(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "actors.cli", *args], env=env,
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    return run_reverie(env, *args, timeout=300, cwd=ROOT)  # in-process when joined here
 
 
 def shown(env: dict[str, str]) -> dict[str, object]:
