@@ -210,13 +210,13 @@ def connect(settings: Settings) -> Any:
     if not _answers(address):  # ray.init would retry a dead GCS for ever
         raise NoRuntime(f"the runtime at {address} is not answering (its process "
                         f"{info.get('pid')} runs, but its Ray node does not)")
-    ray = sys.modules.get("ray")
-    if ray is not None and ray.is_initialized():
+    loaded = sys.modules.get("ray")
+    if loaded is not None and loaded.is_initialized():
         # a process already on a Ray cluster (a program calling the commands'
         # code in-process): the same cluster is joined already; another cannot be
-        mine = ray.get_runtime_context().gcs_address
+        mine = loaded.get_runtime_context().gcs_address
         if mine == address:
-            return ray
+            return loaded
         raise NoRuntime(f"this process is already on the Ray cluster at {mine}, "
                         f"not the runtime's at {address}")
     join_environment(address)  # a loopback address needs Ray's loopback mode
