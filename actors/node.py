@@ -71,7 +71,14 @@ DASHBOARD_MODULES = ("UsageStatsHead", "NodeHead", "StateHead", "ReportHead", "E
 # a core, gcs_server 0.38-0.43 -> 0.33 (docs/benchmarks.md, "Idle CPU"). What slows: the
 # memory monitor (Ray's OOM killer) looks every second; the dashboard's task
 # list lags up to 5 s; a full disk is noticed within 2 s.
+#
+# And the workers run at the hub's own priority (Ray's default niceness is 15):
+# the turn path's actors (Turns, Recall, Transcript) answer a person waiting on
+# a voice reply and must not get the scraps beside a busy process at niceness 0
+# (an actor spinning beside `yes` got 1.4 % of the core at 15, 20 % at 0). The
+# background jobs lower their own priority (actors.job_actor.JOB_NICENESS).
 HUB_SYSTEM_CONFIG: dict[str, int] = {
+    "worker_niceness": 0,
     "local_fs_monitor_interval_ms": 2000, "raylet_check_gc_period_milliseconds": 2000,
     "raylet_report_resources_period_milliseconds": 2000, "memory_monitor_refresh_ms": 1000,
     "kill_idle_workers_interval_ms": 2000, "task_events_report_interval_ms": 5000,
