@@ -102,6 +102,27 @@ HUB_DASHBOARD_ENV: dict[str, str] = {
     "SCAN_EVENT_DIR_INTERVAL_SECONDS": "10",
 }
 EXIT_EXPOSED = 3  # refusing to run: exposed, Ray's directory not private, or no replica
+# The node's agent ports, chosen before Ray starts instead of by the agents.
+# Left to the agents (Ray's 0), the raylet waits a fixed 15 s (not a RayConfig
+# in Ray 2.60) for the dashboard agent to write its port file, and aborts when
+# it has not ("Timed out waiting for file .../metrics_agent_port_<node>"): seen
+# starting a runtime beside a CPU hog, the agent's Python still importing.
+AGENT_PORTS = ("metrics_agent_port", "runtime_env_agent_port", "metrics_export_port")
+
+
+def free_loopback_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on loopback now (the kernel's choice)."""
+    import socket
+
+    held = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(count)]
+    try:
+        for sock in held:
+            sock.bind((LOOPBACK, 0))
+        return [int(sock.getsockname()[1]) for sock in held]
+    finally:
+        for sock in held:
+            sock.close()
+
 
 @contextmanager
 def hub_node(log_monitor: bool) -> Iterator[None]:
@@ -146,6 +167,8 @@ def hub_node(log_monitor: bool) -> Iterator[None]:
             kwargs.setdefault("include_log_monitor", log_monitor)
             kwargs["_system_config"] = {**HUB_SYSTEM_CONFIG,
                                         **(kwargs.get("_system_config") or {})}
+            unset = [name for name in AGENT_PORTS if not kwargs.get(name)]
+            kwargs.update(zip(unset, free_loopback_ports(len(unset)), strict=True))
             super().__init__(*args, **kwargs)
 
     unset = [name for name in HUB_DASHBOARD_ENV if name not in os.environ]

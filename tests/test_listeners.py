@@ -31,11 +31,13 @@ from typing import Any
 import pytest
 
 from actors.node import (
+    AGENT_PORTS,
     HUB_DASHBOARD_ENV,
     HUB_SYSTEM_CONFIG,
     REPORTER_INTERVAL_MS,
     private_ray_dir,
 )
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
 
@@ -320,6 +322,25 @@ def test_the_hub_node_runs_rays_chores_less_often(embedded_runtime: Started) -> 
         environ = set(_read(f"/proc/{pid}/environ").split("\0"))
         assert f"REPORTER_UPDATE_INTERVAL_MS={REPORTER_INTERVAL_MS}" in environ
         assert {f"{k}={v}" for k, v in HUB_DASHBOARD_ENV.items()} <= environ
+
+
+def test_the_agents_ports_are_chosen_before_ray_starts(embedded_runtime: Started) -> None:
+    """The raylet is given its agents' ports (``AGENT_PORTS``, free loopback ports
+    chosen at start) instead of Ray's 0, with which it waits a fixed 15 s for the
+    dashboard agent to write its port and aborts the start when a loaded machine
+    is slower; the agents then listen on them."""
+    tree = process_tree(embedded_runtime.proc.pid)
+    raylets = [_read(f"/proc/{pid}/cmdline").split("\0") for pid in tree
+               if _read(f"/proc/{pid}/comm").strip() == "raylet"]
+    assert raylets, "no raylet in the runtime's process tree"
+    flags = {arg[2:].split("=", 1)[0].replace("-", "_"): arg.split("=", 1)[1]
+             for arg in raylets[0] if arg.startswith("--") and "=" in arg}
+    given = {name: int(flags[name]) for name in AGENT_PORTS if name in flags}
+    assert set(given) == set(AGENT_PORTS), raylets[0]
+    assert all(port > 0 for port in given.values()), given
+    listening = wait_for(lambda: set(given.values()) <= {
+        listener.port for listener in listeners_of(embedded_runtime.proc.pid)}, 60)
+    assert listening, (given, sorted(map(str, listeners_of(embedded_runtime.proc.pid))))
 
 
 def test_runtime_json_names_its_own_loopback_node(embedded_runtime: Started) -> None:
