@@ -72,13 +72,15 @@ DASHBOARD_MODULES = ("UsageStatsHead", "NodeHead", "StateHead", "ReportHead", "E
 # memory monitor (Ray's OOM killer) looks every second; the dashboard's task
 # list lags up to 5 s; a full disk is noticed within 2 s.
 #
-# And the workers run at the hub's own priority (Ray's default niceness is 15):
-# the turn path's actors (Turns, Recall, Transcript) answer a person waiting on
-# a voice reply and must not get the scraps beside a busy process at niceness 0
-# (an actor spinning beside `yes` got 1.4 % of the core at 15, 20 % at 0). The
-# background jobs lower their own priority (actors.job_actor.JOB_NICENESS).
+# Not set: ``worker_niceness``. Ray runs its workers at niceness 15, so beside
+# busy processes the turn path is starved (turn-zero recall through the Recall
+# actor, both cores busy: 544 ms p50 at 15, 27 ms at 0). At 0, three fresh-clone
+# suite runs beside a CPU hog (2026-12-02, 2026-12-03 runs E and F) each lost a
+# crash drill's start: a new raylet waits a fixed 15 s (Ray 2.60, no RayConfig)
+# for its dashboard agent's port files, and the agent's Python, now competing
+# with the other runtimes' workers at its own priority, was slower
+# (docs/benchmarks-history.md, "The turn path at the hub's priority").
 HUB_SYSTEM_CONFIG: dict[str, int] = {
-    "worker_niceness": 0,
     "local_fs_monitor_interval_ms": 2000, "raylet_check_gc_period_milliseconds": 2000,
     "raylet_report_resources_period_milliseconds": 2000, "memory_monitor_refresh_ms": 1000,
     "kill_idle_workers_interval_ms": 2000, "task_events_report_interval_ms": 5000,
@@ -107,6 +109,8 @@ EXIT_EXPOSED = 3  # refusing to run: exposed, Ray's directory not private, or no
 # in Ray 2.60) for the dashboard agent to write its port file, and aborts when
 # it has not ("Timed out waiting for file .../metrics_agent_port_<node>"): seen
 # starting a runtime beside a CPU hog, the agent's Python still importing.
+# The same fixed wait for the agent's HTTP port file remains (the raylet is
+# never told that port): a start still needs the agent up within 15 s.
 AGENT_PORTS = ("metrics_agent_port", "runtime_env_agent_port", "metrics_export_port")
 
 
