@@ -104,14 +104,17 @@ HUB_DASHBOARD_ENV: dict[str, str] = {
     "SCAN_EVENT_DIR_INTERVAL_SECONDS": "10",
 }
 EXIT_EXPOSED = 3  # refusing to run: exposed, Ray's directory not private, or no replica
-# The node's agent ports, chosen before Ray starts instead of by the agents.
-# Left to the agents (Ray's 0), the raylet waits a fixed 15 s (not a RayConfig
-# in Ray 2.60) for the dashboard agent to write its port file, and aborts when
-# it has not ("Timed out waiting for file .../metrics_agent_port_<node>"): seen
-# starting a runtime beside a CPU hog, the agent's Python still importing.
-# The same fixed wait for the agent's HTTP port file remains (the raylet is
-# never told that port): a start still needs the agent up within 15 s.
-AGENT_PORTS = ("metrics_agent_port", "runtime_env_agent_port", "metrics_export_port")
+# The node's agent ports, chosen before Ray starts instead of by the agents or
+# Ray's fixed default. Ray 2.60's raylet waits a fixed 15 s (not a RayConfig)
+# for its dashboard agent to write its port files, and aborts the start when it
+# has not ("Timed out waiting for file .../dashboard_agent_listen_port_<node>").
+# With Ray's fixed HTTP port (52365) held by another node on the machine (another
+# runtime, a household, the tests' runtimes), the agent spends 3 s retrying it
+# before going on without; beside a CPU hog, the agent's start plus those 3 s
+# passed the 15 s (hog runs E, F and G of 2026-12-03). Left at 0, the agent's
+# other ports are also written late, after its imports.
+AGENT_PORTS = ("metrics_agent_port", "runtime_env_agent_port", "metrics_export_port",
+               "dashboard_agent_listen_port")
 
 
 def free_loopback_ports(count: int) -> list[int]:

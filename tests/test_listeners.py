@@ -14,6 +14,7 @@ import ipaddress
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import struct
@@ -336,7 +337,13 @@ def test_the_agents_ports_are_chosen_before_ray_starts(embedded_runtime: Started
     flags = {arg[2:].split("=", 1)[0].replace("-", "_"): arg.split("=", 1)[1]
              for arg in raylets[0] if arg.startswith("--") and "=" in arg}
     given = {name: int(flags[name]) for name in AGENT_PORTS if name in flags}
+    # the dashboard agent's HTTP port is on the agent's command line, which the
+    # raylet holds (--dashboard_agent_command="… --listen-port=N …")
+    listen = re.search(r"--listen-port=(\d+)", flags.get("dashboard_agent_command", ""))
+    if listen:
+        given["dashboard_agent_listen_port"] = int(listen.group(1))
     assert set(given) == set(AGENT_PORTS), raylets[0]
+    assert given["dashboard_agent_listen_port"] != 52365  # not Ray's fixed default
     assert all(port > 0 for port in given.values()), given
     listening = wait_for(lambda: set(given.values()) <= {
         listener.port for listener in listeners_of(embedded_runtime.proc.pid)}, 60)
