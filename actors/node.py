@@ -74,12 +74,11 @@ DASHBOARD_MODULES = ("UsageStatsHead", "NodeHead", "StateHead", "ReportHead", "E
 #
 # Not set: ``worker_niceness``. Ray runs its workers at niceness 15, so beside
 # busy processes the turn path is starved (turn-zero recall through the Recall
-# actor, both cores busy: 544 ms p50 at 15, 27 ms at 0). At 0, three fresh-clone
-# suite runs beside a CPU hog (2026-12-02, 2026-12-03 runs E and F) each lost a
-# crash drill's start: a new raylet waits a fixed 15 s (Ray 2.60, no RayConfig)
-# for its dashboard agent's port files, and the agent's Python, now competing
-# with the other runtimes' workers at its own priority, was slower
-# (docs/benchmarks-history.md, "The turn path at the hub's priority").
+# actor, both cores busy: 544 ms p50 at 15, 27 ms at 0). Tried at 0 and
+# reverted when suite runs beside a CPU hog lost crash drills' starts; a run at
+# 15 lost one too, and the cause was the agent's ports (AGENT_PORTS below).
+# To be tried again (docs/benchmarks-history.md, "The turn path at the hub's
+# priority").
 HUB_SYSTEM_CONFIG: dict[str, int] = {
     "local_fs_monitor_interval_ms": 2000, "raylet_check_gc_period_milliseconds": 2000,
     "raylet_report_resources_period_milliseconds": 2000, "memory_monitor_refresh_ms": 1000,
