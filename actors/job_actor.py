@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 
 import apsw
 
@@ -51,6 +52,11 @@ from runtime.store.database import Store
 from runtime.time.clock import Clock, ManualClock, SystemClock
 
 log = logging.getLogger(__name__)
+
+# A job is background work: its process runs at this niceness (the hub's
+# workers run at 0, actors.node.HUB_SYSTEM_CONFIG), so that the turn path and
+# the household's other programs come first when the CPU is short.
+JOB_NICENESS = 10
 
 
 def shared_embedder(settings: Settings) -> Embedder | None:
@@ -110,6 +116,9 @@ class JobActor:
     def __init__(self, settings: Settings) -> None:
         setup_logging(settings, "job")
         self.settings = settings
+        lower = JOB_NICENESS - os.nice(0)
+        if lower > 0:  # never raised: a process may lower its priority only
+            os.nice(lower)
 
     def run(self, name: str, target: str, now: float | None = None,
             hub_node: str | None = None) -> JobResult:

@@ -72,14 +72,13 @@ DASHBOARD_MODULES = ("UsageStatsHead", "NodeHead", "StateHead", "ReportHead", "E
 # memory monitor (Ray's OOM killer) looks every second; the dashboard's task
 # list lags up to 5 s; a full disk is noticed within 2 s.
 #
-# Not set: ``worker_niceness``. Ray runs its workers at niceness 15, so beside
-# busy processes the turn path is starved (turn-zero recall through the Recall
-# actor, both cores busy: 544 ms p50 at 15, 27 ms at 0). Tried at 0 and
-# reverted when suite runs beside a CPU hog lost crash drills' starts; a run at
-# 15 lost one too, and the cause was the agent's ports (AGENT_PORTS below).
-# To be tried again (docs/benchmarks-history.md, "The turn path at the hub's
-# priority").
+# And the workers run at the hub's own priority (Ray's default niceness is 15):
+# the turn path's actors (Turns, Recall, Transcript) answer a person waiting on
+# a voice reply and must not get the scraps beside a busy process (turn-zero
+# recall through the Recall actor, both cores busy: 544 ms p50 at 15, 27 ms at
+# 0). The background jobs lower their own priority (actors.job_actor.JOB_NICENESS).
 HUB_SYSTEM_CONFIG: dict[str, int] = {
+    "worker_niceness": 0,
     "local_fs_monitor_interval_ms": 2000, "raylet_check_gc_period_milliseconds": 2000,
     "raylet_report_resources_period_milliseconds": 2000, "memory_monitor_refresh_ms": 1000,
     "kill_idle_workers_interval_ms": 2000, "task_events_report_interval_ms": 5000,

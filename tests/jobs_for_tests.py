@@ -16,6 +16,7 @@ def ok(ctx: JobContext) -> JobResult:
     runs = int(get_state(ctx.store, "ok", "runs", 0)) + 1
     set_state(ctx.store, "ok", "runs", runs)
     set_state(ctx.store, "ok", "clock", ctx.clock.now())
+    set_state(ctx.store, "ok", "niceness", os.nice(0))  # its process's priority
     return JobResult(items=runs, detail=f"run {runs}")
 
 

@@ -18,8 +18,9 @@ import pytest
 import ray
 
 from actors import supervisor
-from actors.common import CRON, BadRequest
+from actors.common import CRON, EPISODES, GRAPH, RECALL, TRANSCRIPT, TURNS, BadRequest
 from actors.handles import CronClient, TranscriptClient, TurnsClient
+from actors.job_actor import JOB_NICENESS
 from actors.messages import (
     Activity,
     AppendTurns,
@@ -233,6 +234,22 @@ def test_run_job_now_past_the_gate(runtime: Settings) -> None:
     for name in ("consolidate", "patterns"):  # disabled here
         with pytest.raises(BadRequest, match=f"unknown job '{name}'"):
             cron.run(RunJob(name=name))
+
+
+def test_jobs_run_below_the_turn_path(runtime: Settings) -> None:
+    """The owner actors run at the hub's priority (niceness 0, not Ray's 15:
+    actors.node.HUB_SYSTEM_CONFIG), so a voice turn is not starved beside a busy
+    process; a job's process lowers itself to JOB_NICENESS."""
+    for name in (TURNS, RECALL, TRANSCRIPT, EPISODES, GRAPH, CRON):
+        handle = ray.get_actor(name, namespace=NS)
+        assert ray.get(handle.__ray_call__.remote(lambda self: os.nice(0)), timeout=60) == 0, name
+    ran = cron.run(RunJob(name="ok", wait=True, now=base()))
+    assert ran.outcome == "ok", ran.error
+    store = read_store(runtime)
+    try:
+        assert get_state(store, "ok", "niceness") == JOB_NICENESS > 0
+    finally:
+        store.close()
 
 
 def test_a_job_off_the_hub_keeps_its_state_through_cron(runtime: Settings) -> None:
