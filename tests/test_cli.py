@@ -6,7 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +14,6 @@ import pytest
 from tests.reverie_process import reverie as run_reverie
 from tests.reverie_process import reverie_process, start_runtime
 
-REVERIE = [sys.executable, "-m", "actors.cli"]
 NS = "test-cli"
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections.abc import Iterator, Sequence
 from itertools import pairwise
 from pathlib import Path
@@ -22,7 +21,6 @@ from runtime.mind.contract import JobContext, JobResult
 from tests.reverie_process import joined_runtime, runtime_env
 from tests.reverie_process import reverie as run_reverie
 
-REVERIE = [sys.executable, "-m", "actors.cli"]
 NS = "test-cli-jobs"
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -13,7 +13,6 @@ import math
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from datetime import date, datetime, timedelta, tzinfo
 from pathlib import Path
@@ -463,7 +462,6 @@ def test_a_rerun_after_a_crash_writes_each_fact_once(world: World) -> None:
 # -- the CLI against a real runtime ---------------------------------------------------------
 
 NS = "test-geo"
-REVERIE = [sys.executable, "-m", "actors.cli"]
 
 
 def reverie(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:

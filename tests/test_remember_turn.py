@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -31,7 +30,6 @@ from runtime.store.fact_kinds import FactKinds
 from tests.reverie_process import joined_runtime, runtime_env
 from tests.reverie_process import reverie as run_reverie
 
-REVERIE = [sys.executable, "-m", "actors.cli"]
 NS = "test-remember-turn"
 ROOT = Path(__file__).resolve().parent.parent
 

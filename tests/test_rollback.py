@@ -12,7 +12,6 @@ from __future__ import annotations
 import os
 import re
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,7 +39,6 @@ from tests.reverie_process import reverie as run_reverie
 
 KINDS = FactKinds.load(CONFIG_DIR / "fact_kinds.toml")
 PROFILES = MemoryProfiles.load(CONFIG_DIR / "profiles.toml")
-REVERIE = [sys.executable, "-m", "actors.cli"]
 
 
 @dataclass
@@ -611,7 +609,7 @@ def _env(data_dir: Path) -> dict[str, str]:
 
 def reverie(env: dict[str, str], *args: str,
             stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return run_reverie(env, "doctor", *args, stdin=stdin, timeout=120)  # in-process: joined here
+    return run_reverie(env, "doctor", *args, stdin=stdin, timeout=120)  # no runtime here: a process
 
 
 def test_doctor_commands(tmp_path: Path) -> None:
