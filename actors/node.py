@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import stat
 import sys
@@ -110,9 +111,30 @@ EXIT_EXPOSED = 3  # refusing to run: exposed, Ray's directory not private, or no
 # runtime, a household, the tests' runtimes), the agent spends 3 s retrying it
 # before going on without; beside a CPU hog, the agent's start plus those 3 s
 # passed the 15 s (hog runs E, F and G of 2026-12-03). Left at 0, the agent's
-# other ports are also written late, after its imports.
+# other ports are also written late, after its imports. The raylet is told the
+# HTTP one as well (:func:`with_agent_listen_port`): it then waits for none.
 AGENT_PORTS = ("metrics_agent_port", "runtime_env_agent_port", "metrics_export_port",
                "dashboard_agent_listen_port")
+
+
+def with_agent_listen_port(raylet: list[str]) -> list[str]:
+    """The raylet's command, told its dashboard agent's HTTP port as well.
+
+    Ray's Python gives the raylet the agents' other ports but not that one,
+    although the raylet takes it (``--dashboard_agent_listen_port``); without
+    it the raylet waits for the agent to write it to a file, a fixed 15 s, and
+    aborts the start when the agent is slower to import than that — seen on
+    a loaded machine (the suite's slow-registration crash drill, 2026-12-03:
+    the agent wrote it 0.9 s late). Given it, the raylet waits for no agent.
+    The port is the one the agent is told (``--listen-port`` in
+    ``--dashboard_agent_command``); a command without one is left as it is."""
+    if any(arg.startswith("--dashboard_agent_listen_port=") for arg in raylet):
+        return raylet
+    agent = next((arg for arg in raylet if arg.startswith("--dashboard_agent_command=")), "")
+    port = re.search(r"--listen-port=(\d+)", agent)
+    if port is None or int(port.group(1)) == 0:
+        return raylet
+    return [*raylet, f"--dashboard_agent_listen_port={port.group(1)}"]
 
 
 def free_loopback_ports(count: int) -> list[int]:
@@ -164,6 +186,8 @@ def hub_node(log_monitor: bool) -> Iterator[None]:
         if (process_type == ray_constants.PROCESS_TYPE_DASHBOARD
                 and not any(a.startswith("--modules-to-load") for a in command)):
             command = [*command, "--modules-to-load=" + ",".join(DASHBOARD_MODULES)]
+        elif process_type == ray_constants.PROCESS_TYPE_RAYLET:
+            command = with_agent_listen_port(command)
         return start_process(command, process_type, *args, **kwargs)
 
     class HubParams(ray_params):  # type: ignore[misc,valid-type]

@@ -463,6 +463,25 @@ def test_whole_runtime_sigkilled_mid_stream_keeps_every_acknowledged_turn(
 
 
 RAY_REGISTER_S = 30.0  # what ray._private.node gives a new node to register
+RAY_AGENT_PORT_S = 15.0  # what the raylet gives its dashboard agent to write its port
+
+
+def _first_process(rt: Runtime, deadline: float, found: Callable[[str], bool]) -> int:
+    """The pid of the runtime's first process whose command line ``found`` accepts."""
+    while True:
+        assert rt.proc.poll() is None and time.monotonic() < deadline, rt.out.text()
+        pid = next((pid for pid, line in rt.processes().items() if found(line)), None)
+        if pid is not None:
+            return pid
+        time.sleep(0.05)
+
+
+def _is_dashboard_agent(line: str) -> bool:
+    """``python -u …/ray/dashboard/agent.py …``, or once it has set its title,
+    ``ray::DashboardAgent`` (the raylet's own command line names the file too)."""
+    words = line.split()
+    return bool(words) and (words[0] == "ray::DashboardAgent"
+                            or any(w.endswith("/ray/dashboard/agent.py") for w in words[1:3]))
 
 
 def test_a_node_slower_to_register_than_rays_30_s_still_starts(
@@ -471,20 +490,28 @@ def test_a_node_slower_to_register_than_rays_30_s_still_starts(
     """A hub loaded by other work can take longer than Ray's fixed 30 s for its
     new raylet to register with the GCS (seen under a CPU hog): here the
     raylet is stopped as soon as it appears, for longer than that. Ray alone
-    gives up then (exit 3, "The current node timed out during startup")."""
+    gives up then (exit 3, "The current node timed out during startup").
+
+    And its dashboard agent can take longer than the raylet's fixed 15 s to
+    import and write its HTTP port (seen in a suite run: 0.9 s late, and the
+    raylet aborted): here the agent is stopped as soon as it appears, for
+    longer than that; the raylet, told the port (``with_agent_listen_port``),
+    does not wait for it."""
     runtimes, _ = cleanup
     rt = launch(reverie_env, runtimes)
     deadline = time.monotonic() + START_TIMEOUT_S
-    raylet = None
-    while raylet is None:
-        assert rt.proc.poll() is None and time.monotonic() < deadline, rt.out.text()
-        raylet = next((pid for pid, line in rt.processes().items()
-                       if line.split(" ", 1)[0].endswith("/raylet")), None)
+    raylet = _first_process(rt, deadline, lambda line: line.split(" ", 1)[0].endswith("/raylet"))
     os.kill(raylet, signal.SIGSTOP)
     try:
         assert not rt.out.wait_closed(RAY_REGISTER_S + 15), rt.out.text()  # still starting
     finally:
         os.kill(raylet, signal.SIGCONT)
+    agent = _first_process(rt, deadline, _is_dashboard_agent)
+    os.kill(agent, signal.SIGSTOP)
+    try:
+        assert not rt.out.wait_closed(RAY_AGENT_PORT_S + 10), rt.out.text()  # still starting
+    finally:
+        os.kill(agent, signal.SIGCONT)
     running(rt)
     check_status(reverie_env, 0)
 

@@ -329,7 +329,8 @@ def test_the_agents_ports_are_chosen_before_ray_starts(embedded_runtime: Started
     """The raylet is given its agents' ports (``AGENT_PORTS``, free loopback ports
     chosen at start) instead of Ray's 0, with which it waits a fixed 15 s for the
     dashboard agent to write its port and aborts the start when a loaded machine
-    is slower; the agents then listen on them."""
+    is slower (the HTTP one through ``with_agent_listen_port``); the agents then
+    listen on them."""
     tree = process_tree(embedded_runtime.proc.pid)
     raylets = [_read(f"/proc/{pid}/cmdline").split("\0") for pid in tree
                if _read(f"/proc/{pid}/comm").strip() == "raylet"]
@@ -340,8 +341,10 @@ def test_the_agents_ports_are_chosen_before_ray_starts(embedded_runtime: Started
     # the dashboard agent's HTTP port is on the agent's command line, which the
     # raylet holds (--dashboard_agent_command="… --listen-port=N …")
     listen = re.search(r"--listen-port=(\d+)", flags.get("dashboard_agent_command", ""))
-    if listen:
-        given["dashboard_agent_listen_port"] = int(listen.group(1))
+    assert listen, raylets[0]
+    # and the raylet is told that port too, so that it waits for no agent's file
+    assert flags.get("dashboard_agent_listen_port") == listen.group(1), raylets[0]
+    given["dashboard_agent_listen_port"] = int(listen.group(1))
     assert set(given) == set(AGENT_PORTS), raylets[0]
     assert given["dashboard_agent_listen_port"] != 52365  # not Ray's fixed default
     assert all(port > 0 for port in given.values()), given
