@@ -338,13 +338,12 @@ def test_the_agents_ports_are_chosen_before_ray_starts(embedded_runtime: Started
     flags = {arg[2:].split("=", 1)[0].replace("-", "_"): arg.split("=", 1)[1]
              for arg in raylets[0] if arg.startswith("--") and "=" in arg}
     given = {name: int(flags[name]) for name in AGENT_PORTS if name in flags}
-    # the dashboard agent's HTTP port is on the agent's command line, which the
-    # raylet holds (--dashboard_agent_command="… --listen-port=N …")
+    # the dashboard agent is told its HTTP port on its command line, which the
+    # raylet holds (--dashboard_agent_command="… --listen-port=N …"), and the
+    # raylet is told the same port, so that it waits for no agent's file
     listen = re.search(r"--listen-port=(\d+)", flags.get("dashboard_agent_command", ""))
     assert listen, raylets[0]
-    # and the raylet is told that port too, so that it waits for no agent's file
     assert flags.get("dashboard_agent_listen_port") == listen.group(1), raylets[0]
-    given["dashboard_agent_listen_port"] = int(listen.group(1))
     assert set(given) == set(AGENT_PORTS), raylets[0]
     assert given["dashboard_agent_listen_port"] != 52365  # not Ray's fixed default
     assert all(port > 0 for port in given.values()), given
