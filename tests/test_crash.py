@@ -464,6 +464,13 @@ def test_whole_runtime_sigkilled_mid_stream_keeps_every_acknowledged_turn(
 
 RAY_REGISTER_S = 30.0  # what ray._private.node gives a new node to register
 RAY_AGENT_PORT_S = 15.0  # what the raylet gives its dashboard agent to write its port
+# Ray's own fault-injection setting (its tests use it): the GCS handles each
+# RegisterNode call this long after it arrives, so the node registers later
+# than Ray's 30 s, every time (a raylet stopped once seen raced its
+# registration: when it had registered already, the driver failed instead on
+# the stopped raylet).
+LATE_REGISTRATION = (f"NodeInfoGcsService.grpc_server.RegisterNode="
+                     f"{int((RAY_REGISTER_S + 15) * 1e6)}:{int((RAY_REGISTER_S + 15) * 1e6)}")
 
 
 def _first_process(rt: Runtime, deadline: float, found: Callable[[str], bool]) -> int:
@@ -488,8 +495,8 @@ def test_a_node_slower_to_register_than_rays_30_s_still_starts(
         reverie_env: dict[str, str],
         cleanup: tuple[list[Runtime], list[Streamer]]) -> None:
     """A hub loaded by other work can take longer than Ray's fixed 30 s for its
-    new raylet to register with the GCS (seen under a CPU hog): here the
-    raylet is stopped as soon as it appears, for longer than that. Ray alone
+    new raylet to register with the GCS (seen under a CPU hog): here the GCS
+    answers the registration 45 s late (``LATE_REGISTRATION``). Ray alone
     gives up then (exit 3, "The current node timed out during startup").
 
     And its dashboard agent can take longer than the raylet's fixed 15 s to
@@ -498,21 +505,16 @@ def test_a_node_slower_to_register_than_rays_30_s_still_starts(
     longer than that; the raylet, told the port (``with_agent_listen_port``),
     does not wait for it."""
     runtimes, _ = cleanup
-    rt = launch(reverie_env, runtimes)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    raylet = _first_process(rt, deadline, lambda line: line.split(" ", 1)[0].endswith("/raylet"))
-    os.kill(raylet, signal.SIGSTOP)
-    try:
-        assert not rt.out.wait_closed(RAY_REGISTER_S + 15), rt.out.text()  # still starting
-    finally:
-        os.kill(raylet, signal.SIGCONT)
-    agent = _first_process(rt, deadline, _is_dashboard_agent)
+    rt = launch({**reverie_env, "RAY_testing_asio_delay_us": LATE_REGISTRATION}, runtimes)
+    began = time.monotonic()
+    agent = _first_process(rt, began + START_TIMEOUT_S, _is_dashboard_agent)
     os.kill(agent, signal.SIGSTOP)
     try:
         assert not rt.out.wait_closed(RAY_AGENT_PORT_S + 10), rt.out.text()  # still starting
     finally:
         os.kill(agent, signal.SIGCONT)
     running(rt)
+    assert time.monotonic() - began > RAY_REGISTER_S + 15  # it did register late
     check_status(reverie_env, 0)
 
 
