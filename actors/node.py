@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import stat
 import sys
@@ -52,7 +51,7 @@ from actors.discovery import (
     use_token,
     write_runtime,
 )
-from actors.node_registration import patient_registration
+from actors.node_registration import patient_registration, with_agent_listen_port
 from runtime.config import Settings
 
 log = logging.getLogger(__name__)
@@ -115,26 +114,6 @@ EXIT_EXPOSED = 3  # refusing to run: exposed, Ray's directory not private, or no
 # HTTP one as well (:func:`with_agent_listen_port`): it then waits for none.
 AGENT_PORTS = ("metrics_agent_port", "runtime_env_agent_port", "metrics_export_port",
                "dashboard_agent_listen_port")
-
-
-def with_agent_listen_port(raylet: list[str]) -> list[str]:
-    """The raylet's command, told its dashboard agent's HTTP port as well.
-
-    Ray's Python gives the raylet the agents' other ports but not that one,
-    although the raylet takes it (``--dashboard_agent_listen_port``); without
-    it the raylet waits for the agent to write it to a file, a fixed 15 s, and
-    aborts the start when the agent is slower to import than that — seen on
-    a loaded machine (the suite's slow-registration crash drill, 2026-12-03:
-    the agent wrote it 0.9 s late). Given it, the raylet waits for no agent.
-    The port is the one the agent is told (``--listen-port`` in
-    ``--dashboard_agent_command``); a command without one is left as it is."""
-    if any(arg.startswith("--dashboard_agent_listen_port=") for arg in raylet):
-        return raylet
-    agent = next((arg for arg in raylet if arg.startswith("--dashboard_agent_command=")), "")
-    port = re.search(r"--listen-port=(\d+)", agent)
-    if port is None or int(port.group(1)) == 0:
-        return raylet
-    return [*raylet, f"--dashboard_agent_listen_port={port.group(1)}"]
 
 
 def free_loopback_ports(count: int) -> list[int]:

@@ -1,4 +1,5 @@
-"""How long a Ray node started in this process may take to register.
+"""How long a Ray node started in this process may take to register, and what
+its raylet waits for.
 
 ``ray._private.node`` waits for a new raylet to appear in the GCS for a fixed
 30 s (a local variable), asking ``services.get_node`` again each time that
@@ -10,11 +11,13 @@ node itself asks again until the node is there or :data:`NODE_REGISTER_S`
 has passed (a raylet that died is then reported as Ray reports it, later).
 Entered by :func:`actors.node.hub_node` (``reverie run``) and
 :func:`actors.cluster.security.cluster_node` (a cluster's head, ``reverie
-join``, the tests' clusters).
+join``, the tests' clusters), which also give the raylet its dashboard agent's
+HTTP port (:func:`with_agent_listen_port`).
 """
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,3 +51,23 @@ def patient_registration() -> Iterator[None]:
         yield
     finally:
         services.get_node = get_node
+
+
+def with_agent_listen_port(raylet: list[str]) -> list[str]:
+    """The raylet's command, told its dashboard agent's HTTP port as well.
+
+    Ray's Python gives the raylet the agents' other ports but not that one,
+    although the raylet takes it (``--dashboard_agent_listen_port``); without
+    it the raylet waits for the agent to write it to a file, a fixed 15 s, and
+    aborts the start when the agent is slower to import than that — seen on
+    a loaded machine (the suite's slow-registration crash drill, 2026-12-03:
+    the agent wrote it 0.9 s late). Given it, the raylet waits for no agent.
+    The port is the one the agent is told (``--listen-port`` in
+    ``--dashboard_agent_command``); a command without one is left as it is."""
+    if any(arg.startswith("--dashboard_agent_listen_port=") for arg in raylet):
+        return raylet
+    agent = next((arg for arg in raylet if arg.startswith("--dashboard_agent_command=")), "")
+    port = re.search(r"--listen-port=(\d+)", agent)
+    if port is None or int(port.group(1)) == 0:
+        return raylet
+    return [*raylet, f"--dashboard_agent_listen_port={port.group(1)}"]

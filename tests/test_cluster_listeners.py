@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -34,6 +35,7 @@ from test_listeners import (
     SCAN_EVERY_S,
     SCANS,
     Listener,
+    _parents,
     _read,
     is_loopback,
     listeners_of,
@@ -246,6 +248,35 @@ def test_no_prometheus_port_and_no_dashboard_head(cluster: Cluster) -> None:
         assert raylets, "no raylet among the listeners"
         agent = [arg for arg in raylets[0] if arg.startswith(b"--dashboard_agent_command=")]
         assert agent and agent[0].endswith(b" --disable-metrics-collection"), agent
+
+
+def _raylet_of(root: int) -> list[str]:
+    """The command line of the raylet ``root`` started: its descendant (the head
+    and a node joined on the same machine share the session's name, so
+    ``process_tree`` finds both raylets from either)."""
+    parents = _parents()
+    for pid in parents:
+        if _read(f"/proc/{pid}/comm").strip() != "raylet":
+            continue
+        up = pid
+        while up > 1 and up != root:
+            up = parents.get(up, 0)
+        if up == root:
+            return _read(f"/proc/{pid}/cmdline").split("\0")
+    raise AssertionError(f"no raylet under process {root}")
+
+
+def test_each_raylet_is_told_its_agents_http_port(cluster: Cluster) -> None:
+    """Ray's raylet waits a fixed 15 s for its dashboard agent to write its HTTP
+    port, and aborts the node's start when the agent is slower to import (a
+    helper on a loaded machine): on the head and on a joined node, it is told the
+    port the agent is given (``with_agent_listen_port``) and waits for none."""
+    for started in (cluster.head, cluster.helper):
+        raylet = _raylet_of(started.proc.pid)
+        agent = next(arg for arg in raylet if arg.startswith("--dashboard_agent_command="))
+        listen = re.search(r"--listen-port=(\d+)", agent)
+        assert listen and int(listen.group(1)) > 0, agent
+        assert f"--dashboard_agent_listen_port={listen.group(1)}" in raylet, raylet
 
 
 def test_a_client_with_the_households_pki_is_served(cluster: Cluster) -> None:

@@ -93,17 +93,20 @@ def cluster_node() -> Iterator[None]:
     ``reverie join``'s worker node, a test's ``Cluster.add_node``): its
     dashboard agent and, on the head, the dashboard's process are told not to
     open their Prometheus ports. And it is given longer than Ray's 30 s to
-    register (:mod:`actors.node_registration`)."""
+    register, and its raylet is told its dashboard agent's HTTP port instead of
+    waiting a fixed 15 s for the agent to write it
+    (:mod:`actors.node_registration`): a helper node loaded by other work, or
+    slow to import, no longer aborts its start."""
     from ray._private import ray_constants, services
 
-    from actors.node_registration import patient_registration
+    from actors.node_registration import patient_registration, with_agent_listen_port
 
     start_process = services.start_ray_process
 
     def start_ray_process(command: list[str], process_type: str,
                           *args: Any, **kwargs: Any) -> Any:
         if process_type == ray_constants.PROCESS_TYPE_RAYLET:
-            command = _without_metrics(command)
+            command = with_agent_listen_port(_without_metrics(command))
         elif process_type == ray_constants.PROCESS_TYPE_DASHBOARD and MINIMAL not in command:
             command = [*command, MINIMAL]  # no Prometheus server (DashboardHead._setup_metrics)
         return start_process(command, process_type, *args, **kwargs)
