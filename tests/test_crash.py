@@ -469,8 +469,9 @@ RAY_AGENT_PORT_S = 15.0  # what the raylet gives its dashboard agent to write it
 # than Ray's 30 s, every time (a raylet stopped once seen raced its
 # registration: when it had registered already, the driver failed instead on
 # the stopped raylet).
-LATE_REGISTRATION = (f"NodeInfoGcsService.grpc_server.RegisterNode="
-                     f"{int((RAY_REGISTER_S + 15) * 1e6)}:{int((RAY_REGISTER_S + 15) * 1e6)}")
+LATE_REGISTRATION_S = RAY_REGISTER_S + 15
+_LATE_US = int(LATE_REGISTRATION_S * 1e6)
+LATE_REGISTRATION = f"NodeInfoGcsService.grpc_server.RegisterNode={_LATE_US}:{_LATE_US}"
 
 
 def _first_process(rt: Runtime, deadline: float, found: Callable[[str], bool]) -> int:
@@ -496,7 +497,7 @@ def test_a_node_slower_to_register_than_rays_30_s_still_starts(
         cleanup: tuple[list[Runtime], list[Streamer]]) -> None:
     """A hub loaded by other work can take longer than Ray's fixed 30 s for its
     new raylet to register with the GCS (seen under a CPU hog): here the GCS
-    answers the registration 45 s late (``LATE_REGISTRATION``). Ray alone
+    answers the registration ``LATE_REGISTRATION_S`` (45 s) late. Ray alone
     gives up then (exit 3, "The current node timed out during startup").
 
     And its dashboard agent can take longer than the raylet's fixed 15 s to
@@ -514,7 +515,7 @@ def test_a_node_slower_to_register_than_rays_30_s_still_starts(
     finally:
         os.kill(agent, signal.SIGCONT)
     running(rt)
-    assert time.monotonic() - began > RAY_REGISTER_S + 15  # it did register late
+    assert time.monotonic() - began > LATE_REGISTRATION_S  # it did register late
     check_status(reverie_env, 0)
 
 
