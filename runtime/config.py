@@ -163,6 +163,11 @@ class RecallSettings(_Section):
     # at most this many of those turns, said at most context_window_s before the query
     context_query_turns: int = Field(default=4, ge=0, le=20)
     context_window_s: float = Field(default=1800.0, ge=0.0)
+    # the earlier conversation the present one continues (issue 25;
+    # runtime.recall.continuation): the best turn near the whole conversation's
+    # vector (its turns' and the message's, averaged) from a conversation not yet
+    # represented is taken right after the best item; this many such (0: none)
+    continuation_slots: int = Field(default=0, ge=0, le=10)
     # a turn longer than this many tokens (about 4 characters each) is injected
     # as an excerpt of that length: the stretch that holds most of the query's
     # words, cited by the turn's ref (runtime.recall.excerpt; 0: whole turns)
@@ -195,7 +200,7 @@ class RecallSettings(_Section):
     long_store_window: int = Field(default=500, ge=1, le=100_000)
     long_store: dict[str, float | int | bool] = Field(default_factory=lambda: {
         "excerpt_tokens": 100, "diversity": 0.5, "diversity_similarity": 0.5,
-        "relative_floor": 0.3, "lexical_weight": 0.75})
+        "relative_floor": 0.3, "lexical_weight": 0.75, "continuation_slots": 2})
     # multiply an episode's / a fact's final score (a turn's stays as it is), so
     # that the layers take part in recall with their own weights (issue 7; both
     # chosen leave-one-conversation-out on LoCoMo with --subconscious)

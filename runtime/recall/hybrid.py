@@ -32,7 +32,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, tzinfo
@@ -50,6 +50,7 @@ from runtime.memories.mood import current as current_mood
 from runtime.memories.threads import recall_bonus as thread_bonus
 from runtime.recall import passages as passage_text
 from runtime.recall import temporal as temporal_recall
+from runtime.recall.continuation import continuation_hits
 from runtime.recall.excerpt import excerpt
 from runtime.recall.indexing import document
 from runtime.recall.policy import StorePolicy
@@ -210,20 +211,30 @@ class Recaller:
             # onnxruntime both let go of the GIL), on this recall's connection
             # while this thread does not use it
             lexical = self._keywords.submit(self._lexical, query, convo)
+            follow: list[Key] = []
+            followed: list[_Candidate] = []
             try:
-                qvec = self._blend(self.embedder.embed([query])[0], convo)
+                raw = self.embedder.embed([query])[0]
+                qvec = self._blend(raw, convo)
+                if self._on.continuation_slots > 0:
+                    follow = [("turn", t) for t in continuation_hits(
+                        self.store, self.index, raw, exclude, now, self._on.diversity_gap_s)]
                 cands = self._hybrid(query, qvec, now, lexical.result(), set(exclude))
+                followed = self._followed(follow, cands, qvec, now)
             except Exception as exc:  # the vector path failed: degrade, never raise
                 log.warning("recall vector path failed, using keyword fallback: %s", exc)
                 result.degraded, result.reason = True, f"{type(exc).__name__}: {exc}"
                 cands = self._fallback(lexical.result(), now)  # the keywords, found once
                 max_items = min(max_items, self._on.fallback_items)
             skip = set(exclude)
-            if skip:
-                cands = [c for c in cands if f"{c.kind}:{c.item_id}" not in skip]
-            cands = [c for c in cands if privacy.recallable(c.kind, c.row)
-                     and privacy.in_scope(person, privacy.row_person(c.kind, c.row))]
-            result.items = self._budget(cands, now, max_items, max_tokens, query)
+
+            def allowed(c: _Candidate) -> bool:
+                return (f"{c.kind}:{c.item_id}" not in skip
+                        and privacy.recallable(c.kind, c.row)
+                        and privacy.in_scope(person, privacy.row_person(c.kind, c.row)))
+
+            result.items = self._budget([c for c in cands if allowed(c)], now, max_items,
+                                        max_tokens, query, [c for c in followed if allowed(c)])
         result.elapsed_ms = (time.perf_counter() - started) * 1000
         return result
 
@@ -682,6 +693,20 @@ class Recaller:
         self._order_cited_turns(kept, qvec)
         return list(kept.values())
 
+    def _followed(self, follow: list[Key], cands: list[_Candidate], qvec: np.ndarray,
+                  now: float) -> list[_Candidate]:
+        """The continuation hits (:mod:`runtime.recall.continuation`) as
+        candidates, best first: a candidate already found is that one; one not
+        found by the message is loaded with its cosine to it as its relevance
+        (it stays out of the ranking: :meth:`_continue` alone places it)."""
+        if not follow:
+            return []
+        found = {(c.kind, c.item_id): c for c in cands}
+        loaded = self._load([k for k in follow if k not in found], now)
+        for key, sim in self._similarities(loaded, qvec).items():
+            loaded[key].cosine = loaded[key].relevance = sim
+        return [found.get(k) or loaded[k] for k in follow if k in found or k in loaded]
+
     def _order_cited_turns(self, cands: dict[Key, _Candidate], qvec: np.ndarray) -> None:
         """Order each episode's and fact's cited turns by their own similarity to
         the query, best first; turns with no vector (pruned, or never memory)
@@ -719,16 +744,19 @@ class Recaller:
         return score
 
     def _budget(self, cands: list[_Candidate], now: float, max_items: int,
-                max_tokens: int, query: str = "") -> list[RecallItem]:
-        if not cands:
-            return []
+                max_tokens: int, query: str = "",
+                follow: Sequence[_Candidate] = ()) -> list[RecallItem]:
+        """The best candidates within ``max_items`` and ``max_tokens``. ``follow``:
+        the conversation's continuation hits, best first (:meth:`_followed`),
+        placed by :meth:`_continue`."""
         scored = sorted(((self._final(c), c) for c in cands),
                         key=lambda sc: (-sc[0], KINDS.index(sc[1].kind), sc[1].item_id))
-        floor = self._on.relative_floor * scored[0][0]
-        scored = [sc for sc in scored if sc[0] >= floor]
-        penalty = self._on.diversity * scored[0][0]
-        alike = self._on.diversity_similarity * scored[0][0]
+        best = scored[0][0] if scored else 0.0
+        scored = [sc for sc in scored if sc[0] >= self._on.relative_floor * best]
+        penalty = self._on.diversity * best
+        alike = self._on.diversity_similarity * best
         items: list[RecallItem] = []
+        taken: list[_Candidate] = []  # items' candidates
         used = 0
         seared = 0
         covered = [False] * len(scored)  # from a conversation already chosen
@@ -757,21 +785,48 @@ class Recaller:
                 if seared >= self._on.max_seared:
                     continue
                 seared += 1
-            text = self._text(cand, query)
-            tokens = approx_tokens(text)
-            if used + tokens > max_tokens:
+            item = self._item(score, cand, query)
+            if used + item.tokens > max_tokens:
                 break
-            used += tokens
+            used += item.tokens
             if penalty > 0:
                 covered = [was or self._near(c, cand) for was, (_, c) in zip(covered, scored)]
-            items.append(RecallItem(
-                ref=f"{cand.kind}:{cand.item_id}", kind=cand.kind, item_id=cand.item_id,
-                text=text, score=round(score, 6), relevance=round(cand.relevance, 6),
-                channel=cand.row.get("channel"),
-                created_at=float(cand.row.get("created_at") or cand.row.get("recorded_at") or 0),
-                turns=cand.turns, tokens=tokens, sensitive=bool(cand.row.get("sensitive")),
-                person=privacy.row_person(cand.kind, cand.row)))
+            items.append(item)
+            taken.append(cand)
+        for _ in range(self._on.continuation_slots if follow else 0):
+            self._continue(items, taken, [(self._final(c), c) for c in follow],
+                           max_items, max_tokens, query)
         return items
+
+    def _continue(self, items: list[RecallItem], taken: list[_Candidate],
+                  follow: list[tuple[float, _Candidate]], max_items: int, max_tokens: int,
+                  query: str) -> None:
+        """The best continuation hit from a conversation ``items`` does not hold
+        yet goes right after the best item (first when there is none); the last
+        items give way to it when the budget is full."""
+        for score, cand in follow:
+            if any(c is cand or self._near(cand, c) for c in taken):
+                continue
+            item = self._item(score, cand, query)
+            if item.tokens > max_tokens or max_items < 1:
+                continue
+            at = min(1, len(items))
+            items.insert(at, item)
+            taken.insert(at, cand)
+            while len(items) > max_items or sum(i.tokens for i in items) > max_tokens:
+                items.pop()
+                taken.pop()
+            return
+
+    def _item(self, score: float, cand: _Candidate, query: str) -> RecallItem:
+        text = self._text(cand, query)
+        return RecallItem(
+            ref=f"{cand.kind}:{cand.item_id}", kind=cand.kind, item_id=cand.item_id,
+            text=text, score=round(score, 6), relevance=round(cand.relevance, 6),
+            channel=cand.row.get("channel"),
+            created_at=float(cand.row.get("created_at") or cand.row.get("recorded_at") or 0),
+            turns=cand.turns, tokens=approx_tokens(text), sensitive=bool(cand.row.get("sensitive")),
+            person=privacy.row_person(cand.kind, cand.row))
 
     def _vectors(self, cands: list[_Candidate]) -> np.ndarray:
         """The candidates' vectors, one row each (a long turn's: its best
