@@ -86,7 +86,7 @@ def continuation_hits(store: Store, index: VectorIndex, qvec: np.ndarray,
     order = {int(label): i for i, label in enumerate(labels)}
     marks = ",".join("?" * len(order))
     found = sorted(cast(list[tuple[int, int]], store.conn.execute(
-        f"SELECT id, item_id FROM vectors WHERE kind = 'turn' AND id IN ({marks})",
+        f"SELECT id, item_id FROM vectors WHERE id IN ({marks})",  # the labels: rowids
         list(order)).fetchall()), key=lambda r: order[r[0]])
     skip = set(present) | {int(r[5:]) for r in refs if r.startswith("turn:") and r[5:].isdigit()}
     return [item_id for _, item_id in found if item_id not in skip]

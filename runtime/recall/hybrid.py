@@ -216,10 +216,10 @@ class Recaller:
             try:
                 raw = self.embedder.embed([query])[0]
                 qvec = self._blend(raw, convo)
-                if self._on.continuation_slots > 0:
+                cands = self._hybrid(query, qvec, now, lexical.result(), set(exclude))
+                if self._on.continuation_slots > 0:  # (the connection is this thread's again)
                     follow = [("turn", t) for t in continuation_hits(
                         self.store, self.index, raw, exclude, now, self._on.diversity_gap_s)]
-                cands = self._hybrid(query, qvec, now, lexical.result(), set(exclude))
                 followed = self._followed(follow, cands, qvec, now)
             except Exception as exc:  # the vector path failed: degrade, never raise
                 log.warning("recall vector path failed, using keyword fallback: %s", exc)
@@ -759,28 +759,26 @@ class Recaller:
         taken: list[_Candidate] = []  # items' candidates
         used = 0
         seared = 0
-        covered = [False] * len(scored)  # from a conversation already chosen
+        n = len(scored)
+        scores = np.array([sc for sc, _ in scored], dtype=np.float64)
+        alive = np.ones(n, dtype=bool)
+        covered = np.zeros(n, dtype=bool)  # from a conversation already chosen
+        same = _Conversations([c for _, c in scored], self._on.diversity_gap_s) \
+            if penalty > 0 else None
         # MMR: each candidate's vector, and its highest cosine to a chosen item
         vecs = self._vectors([c for _, c in scored]) if alike > 0 else None
-        nearest = np.zeros(len(scored), dtype=np.float32)
-        while scored and len(items) < max_items:
-            pick = 0
+        nearest = np.zeros(n, dtype=np.float64)
+        while len(items) < max_items and alive.any():
+            value = scores
             if (penalty > 0 or alike > 0) and len(items) >= self._on.diversity_after:
                 # the best once those of a chosen conversation, and those like
                 # what is chosen, are marked down
-                pick = max(range(len(scored)),
-                           key=lambda i: (scored[i][0] - penalty * covered[i]
-                                          - alike * float(nearest[i]), -i))
-            score, cand = scored.pop(pick)
-            covered.pop(pick)
+                value = scores - penalty * covered - alike * nearest
+            pick = int(np.argmax(np.where(alive, value, -np.inf)))  # ties: the first
+            alive[pick] = False
+            score, cand = scored[pick]
             if vecs is not None:
-                chosen = vecs[pick]
-                vecs = np.delete(vecs, pick, axis=0)
-                nearest = np.delete(nearest, pick)
-                if len(vecs):
-                    nearest = np.maximum(nearest, vecs @ chosen)
-            else:
-                nearest = np.delete(nearest, pick)
+                nearest = np.maximum(nearest, (vecs @ vecs[pick]).astype(np.float64))
             if cand.row.get("memory_level") == "seared":  # at most a couple at once
                 if seared >= self._on.max_seared:
                     continue
@@ -789,8 +787,8 @@ class Recaller:
             if used + item.tokens > max_tokens:
                 break
             used += item.tokens
-            if penalty > 0:
-                covered = [was or self._near(c, cand) for was, (_, c) in zip(covered, scored)]
+            if same is not None:
+                covered |= same.as_(pick)
             items.append(item)
             taken.append(cand)
         for _ in range(self._on.continuation_slots if follow else 0):
@@ -881,6 +879,39 @@ class Recaller:
                             - float(chosen.row.get("created_at") or 0))
                     <= self._on.diversity_gap_s)
         return bool(set(cand.turns).intersection(chosen.turns))
+
+
+class _Conversations:
+    """Which candidates are of one conversation (:meth:`Recaller._near`, for
+    the budget's diversity term), as a mask over them at once: turns on one
+    channel within ``gap_s`` of each other, or items citing one of the same
+    turns."""
+
+    def __init__(self, cands: list[_Candidate], gap_s: float) -> None:
+        self.cands = cands
+        self.gap_s = gap_s
+        codes: dict[Any, int] = {}
+        self.turn = np.array([c.kind == "turn" for c in cands], dtype=bool)
+        self.channel = np.array([codes.setdefault(c.row.get("channel"), len(codes))
+                                 for c in cands], dtype=np.int64)
+        self.at = np.array([float(c.row.get("created_at") or 0) for c in cands],
+                           dtype=np.float64)
+        self.others = [i for i, c in enumerate(cands) if c.kind != "turn"]
+
+    def as_(self, i: int) -> np.ndarray:
+        """The candidates of candidate ``i``'s conversation."""
+        chosen = self.cands[i]
+        mask = np.zeros(len(self.cands), dtype=bool)
+        rest: Sequence[int] = range(len(self.cands))
+        if chosen.kind == "turn":
+            mask = (self.turn & (self.channel == self.channel[i])
+                    & (np.abs(self.at - self.at[i]) <= self.gap_s))
+            rest = self.others  # a turn and an episode or fact: a turn cited by both
+        cited = set(chosen.turns)
+        for j in rest:
+            if not mask[j] and cited.intersection(self.cands[j].turns):
+                mask[j] = True
+        return mask
 
 
 def _without_passages(lexical: dict[Key, float]) -> tuple[dict[Key, float], dict[int, float]]:
