@@ -788,7 +788,7 @@ class Recaller:
                 break
             used += item.tokens
             if same is not None:
-                covered |= same.as_(pick)
+                covered |= same.of(pick)
             items.append(item)
             taken.append(cand)
         for _ in range(self._on.continuation_slots if follow else 0):
@@ -802,11 +802,13 @@ class Recaller:
         """The best continuation hit from a conversation ``items`` does not hold
         yet goes right after the best item (first when there is none); the last
         items give way to it when the budget is full."""
+        if max_items < 1:
+            return
         for score, cand in follow:
             if any(c is cand or self._near(cand, c) for c in taken):
                 continue
             item = self._item(score, cand, query)
-            if item.tokens > max_tokens or max_items < 1:
+            if item.tokens > max_tokens:
                 continue
             at = min(1, len(items))
             items.insert(at, item)
@@ -898,7 +900,7 @@ class _Conversations:
                            dtype=np.float64)
         self.others = [i for i, c in enumerate(cands) if c.kind != "turn"]
 
-    def as_(self, i: int) -> np.ndarray:
+    def of(self, i: int) -> np.ndarray:
         """The candidates of candidate ``i``'s conversation."""
         chosen = self.cands[i]
         mask = np.zeros(len(self.cands), dtype=bool)
