@@ -56,14 +56,20 @@ def memory(make_settings: Callable[..., Settings], clock: ManualClock,
     mem.close()
 
 
-def seed(memory: Memory, clock: ManualClock) -> tuple[list[list[int]], list[int]]:
-    """Each earlier conversation's ids (days back), then the present one's."""
+def seed_earlier(memory: Memory, clock: ManualClock) -> list[list[int]]:
+    """Each earlier conversation's ids, a day apart, ten days back and after."""
     earlier = []
     for day, talk in enumerate(EARLIER):
         start = clock.now() - (10 - day) * DAY
         earlier.append(memory.add_turns([
             TurnIn(channel="kitchen", source=role, role=role, content=text,
                    created_at=start + i * 60) for i, (role, text) in enumerate(talk)]))
+    return earlier
+
+
+def seed(memory: Memory, clock: ManualClock) -> tuple[list[list[int]], list[int]]:
+    """Each earlier conversation's ids (days back), then the present one's."""
+    earlier = seed_earlier(memory, clock)
     now_ids = memory.add_turns([
         TurnIn(channel="kitchen", source=role, role=role, content=text,
                created_at=clock.now() - 600 + i * 60) for i, (role, text) in enumerate(NOW_TALK)])
@@ -138,3 +144,27 @@ def test_the_present_conversation_ends_at_a_gap(memory: Memory, clock: ManualClo
     # a conversation that ended longer ago than the gap is not the present one
     assert present_conversation(store, [f"turn:{new}"], now + HOUR, 1800.0) == []
     assert present_conversation(store, [], now, 1800.0) == []
+
+
+def test_turn_zero_recall_gives_the_model_the_conversation_it_continues(
+        memory: Memory, clock: ManualClock) -> None:
+    """Through the turn's core (``Memory.turn``, as the Turns actor runs it):
+    the prompt's history is what recall excludes, so a follow-up on a chat
+    channel gets the earlier conversation its own continues."""
+    earlier = seed_earlier(memory, clock)
+    for role, text in NOW_TALK:
+        if role == "user":
+            memory.turn(text)
+    garden = set(refs(earlier[0]))
+    follow_up = "What should I do after that?"
+    # the message alone (what a caller that excludes nothing asks) gets the
+    # nearest turn to itself, not the garden's pause
+    assert not garden & set(memory.recall(follow_up).refs)
+
+    def cited(slots: int) -> set[str]:
+        memory.recaller.settings = memory.recaller.settings.model_copy(
+            update={"continuation_slots": slots})
+        return set(memory.turn(follow_up, temporary=True).citations)
+
+    assert not garden & cited(0)
+    assert garden & cited(1)
