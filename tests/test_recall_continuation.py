@@ -168,3 +168,19 @@ def test_turn_zero_recall_gives_the_model_the_conversation_it_continues(
 
     assert not garden & cited(0)
     assert garden & cited(1)
+
+
+def test_a_failing_continuation_costs_only_itself(memory: Memory, clock: ManualClock,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    _, now_ids = seed(memory, clock)
+    history = refs(now_ids[-2:])
+    without = recall_with(memory, 0, ASKED, exclude=history)
+
+    def broken(*_: object) -> list[int]:
+        raise RuntimeError("the index is gone")
+
+    monkeypatch.setattr("runtime.recall.hybrid.continuation_hits", broken)
+    memory.recaller.settings = memory.recaller.settings.model_copy(
+        update={"continuation_slots": 1})
+    result = memory.recall(ASKED, exclude=history)
+    assert not result.degraded and result.refs == without

@@ -68,7 +68,9 @@ def conversation_vector(store: Store, qvec: np.ndarray, present: list[int]) -> n
         for (blob,) in store.conn.execute(
                 f"SELECT vec FROM vectors WHERE kind = 'turn' AND item_id IN ({marks})",
                 present):
-            total += np.frombuffer(blob, dtype=np.float32)
+            vec = np.frombuffer(blob, dtype=np.float32)
+            if vec.shape == total.shape:  # (not one of another model's, mid re-embedding)
+                total += vec
     norm = float(np.linalg.norm(total))
     return total / norm if norm > 0 else np.asarray(qvec, dtype=np.float32)
 

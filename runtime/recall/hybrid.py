@@ -211,16 +211,13 @@ class Recaller:
             # onnxruntime both let go of the GIL), on this recall's connection
             # while this thread does not use it
             lexical = self._keywords.submit(self._lexical, query, convo)
-            follow: list[Key] = []
             followed: list[_Candidate] = []
             try:
                 raw = self.embedder.embed([query])[0]
                 qvec = self._blend(raw, convo)
                 cands = self._hybrid(query, qvec, now, lexical.result(), set(exclude))
                 if self._on.continuation_slots > 0:  # (the connection is this thread's again)
-                    follow = [("turn", t) for t in continuation_hits(
-                        self.store, self.index, raw, exclude, now, self._on.diversity_gap_s)]
-                followed = self._followed(follow, cands, qvec, now)
+                    followed = self._continuation(raw, exclude, now, cands, qvec)
             except Exception as exc:  # the vector path failed: degrade, never raise
                 log.warning("recall vector path failed, using keyword fallback: %s", exc)
                 result.degraded, result.reason = True, f"{type(exc).__name__}: {exc}"
@@ -693,12 +690,20 @@ class Recaller:
         self._order_cited_turns(kept, qvec)
         return list(kept.values())
 
-    def _followed(self, follow: list[Key], cands: list[_Candidate], qvec: np.ndarray,
-                  now: float) -> list[_Candidate]:
+    def _continuation(self, raw: np.ndarray, exclude: list[str], now: float,
+                      cands: list[_Candidate], qvec: np.ndarray) -> list[_Candidate]:
         """The continuation hits (:mod:`runtime.recall.continuation`) as
         candidates, best first: a candidate already found is that one; one not
         found by the message is loaded with its cosine to it as its relevance
-        (it stays out of the ranking: :meth:`_continue` alone places it)."""
+        (it stays out of the ranking: :meth:`_continue` alone places it). A
+        failure here costs the continuation only, never the recall."""
+        try:
+            follow = [("turn", t) for t in continuation_hits(
+                self.store, self.index, raw, exclude, now, self._on.diversity_gap_s)]
+        except Exception as exc:  # the recall goes on without it
+            log.warning("recall continuation failed, recalled without it: %s",
+                        type(exc).__name__)
+            return []
         if not follow:
             return []
         found = {(c.kind, c.item_id): c for c in cands}
@@ -747,7 +752,7 @@ class Recaller:
                 max_tokens: int, query: str = "",
                 follow: Sequence[_Candidate] = ()) -> list[RecallItem]:
         """The best candidates within ``max_items`` and ``max_tokens``. ``follow``:
-        the conversation's continuation hits, best first (:meth:`_followed`),
+        the conversation's continuation hits, best first (:meth:`_continuation`),
         placed by :meth:`_continue`."""
         scored = sorted(((self._final(c), c) for c in cands),
                         key=lambda sc: (-sc[0], KINDS.index(sc[1].kind), sc[1].item_id))
