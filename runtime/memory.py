@@ -45,9 +45,10 @@ from runtime.memories.user_profile import ProfileOp, ProfileService
 from runtime.mind import janitor
 from runtime.mind.contract import JobContext
 from runtime.recall import passages
-from runtime.recall.hybrid import Recaller, RecallItem, RecallResult
+from runtime.recall.hybrid import Recaller
 from runtime.recall.indexing import Indexer, Progress
 from runtime.recall.reader import StoreReader
+from runtime.recall.results import RecallItem, RecallResult
 from runtime.store.database import Store
 from runtime.store.fact_kinds import FactKinds
 from runtime.store.vector_index import VectorIndex

@@ -18,7 +18,7 @@ from runtime.llm.prompt import (
     build_messages,
     datetime_line,
 )
-from runtime.recall.hybrid import RecallItem
+from runtime.recall.results import RecallItem
 from runtime.time.clock import ManualClock, household_zone, local_datetime
 
 NOW = datetime(2026, 3, 6, 14, 5, 59, tzinfo=timezone(timedelta(hours=1)))

@@ -29,7 +29,9 @@ from runtime.memories.refs import Ref
 from runtime.memories.transcript import TurnIn
 from runtime.memory import Memory
 from runtime.recall import temporal as temporal_recall
-from runtime.recall.hybrid import NEIGHBOUR_REACH, Recaller, RecallResult, render
+from runtime.recall.hybrid import NEIGHBOUR_REACH, Recaller
+from runtime.recall.rendering import render
+from runtime.recall.results import RecallResult
 from runtime.store.fts import match_expression
 from runtime.store.vector_index import KINDS
 from runtime.time.clock import DAY, ManualClock

@@ -26,7 +26,7 @@ Every view carries its privacy mark and owner (``sensitive``, ``person``:
 
 How each reads (``text``): a turn ``speaker: content`` (the role when no
 speaker), an episode its gist, a fact as recall renders it without its dates
-(:func:`runtime.recall.hybrid.render_fact`: a user's note reads as its sentence,
+(:func:`runtime.recall.rendering.render_fact`: a user's note reads as its sentence,
 other facts ``subject key: value``).
 """
 
@@ -40,7 +40,7 @@ from typing import Any, Literal, Protocol, cast
 from runtime.memories import privacy
 from runtime.memories.decay import MemoryLevel, episode_weight
 from runtime.memories.refs import Kind, Ref, all_terms
-from runtime.recall.hybrid import USER_SUBJECT, _reads_alone
+from runtime.recall.rendering import USER_SUBJECT, _reads_alone
 from runtime.store.database import Row, Store
 
 log = logging.getLogger(__name__)
@@ -232,7 +232,7 @@ def _plain_view(kind: Kind, row: Row, now: float) -> View:
 
 
 def fact_text(row: Row) -> str:
-    """A fact as :func:`runtime.recall.hybrid.render_fact` renders it, without its dates:
+    """A fact as :func:`runtime.recall.rendering.render_fact` renders it, without its dates:
     a value that reads on its own (a user's note) is that sentence, behind its
     subject unless the subject is the user; any other fact ``subject key: value``
     with the key's underscores as spaces."""

@@ -15,7 +15,7 @@ import re
 
 from runtime.store.fts import query_terms
 
-# about four characters a token (runtime.recall.hybrid.approx_tokens)
+# about four characters a token (runtime.recall.budget.approx_tokens)
 CHARS_PER_TOKEN = 4
 ELLIPSIS = "…"
 _PIECE = re.compile(r"[^\n.!?]*(?:[.!?]+|\n+|$)")

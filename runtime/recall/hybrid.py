@@ -22,7 +22,8 @@ scores less the more it resembles (cosine) an item already chosen. Each
 recall first lets :mod:`runtime.recall.policy` choose its settings: in a
 store of long turns, ``recall.long_store``'s values replace the configured.
 
-Each memory is rendered as one line of text for the prompt (:func:`render`),
+The budget (:mod:`runtime.recall.budget`) takes the candidates in; each memory
+is rendered as one line of text for the prompt (:mod:`runtime.recall.rendering`),
 with its dates in the household's time zone.
 """
 
@@ -32,10 +33,10 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import datetime, tzinfo
+from datetime import tzinfo
 from typing import Any, cast
 
 import apsw
@@ -48,13 +49,13 @@ from runtime.memories.decay import episode_weight, fact_weight, recency_weight
 from runtime.memories.mood import MoodService, congruence_bonus
 from runtime.memories.mood import current as current_mood
 from runtime.memories.threads import recall_bonus as thread_bonus
-from runtime.recall import passages as passage_text
 from runtime.recall import temporal as temporal_recall
+from runtime.recall.budget import Budget
+from runtime.recall.candidates import ID_CHUNK, Candidate, Key
 from runtime.recall.continuation import continuation_hits
-from runtime.recall.excerpt import excerpt
 from runtime.recall.indexing import document
 from runtime.recall.policy import StorePolicy
-from runtime.recall.results import RecallItem, RecallResult
+from runtime.recall.results import RecallResult
 from runtime.store.database import Row, Store
 from runtime.store.fact_kinds import FactKinds
 from runtime.store.fts import MAX_QUERY_CHARS, TermCounts, match_expression, query_terms
@@ -63,7 +64,6 @@ from runtime.time.clock import Clock, household_zone
 
 log = logging.getLogger(__name__)
 
-Key = tuple[str, int]
 
 # (kind, FTS table, content table, what makes a row recallable)
 _FTS_SOURCES = (
@@ -76,8 +76,6 @@ _FTS_SOURCES = (
 )
 _RECALLABLE = {kind: where for kind, _, _, where in _FTS_SOURCES}
 
-# Default salience of a raw transcript row (episodes carry their own, 1-10).
-TURN_SALIENCE = 5
 # Share of a neighbouring turn's relevance a turn borrows.
 NEIGHBOUR_SHARE = 0.5
 # Keyword hits ranked per memory kind before muted/dead rows are dropped.
@@ -106,20 +104,9 @@ TURN_TAU_DAYS = 14.0
 # Rows looked at on each side of a turn for its same-channel neighbours, per
 # neighbour wanted (recall.context_turns).
 NEIGHBOUR_REACH = 4
-# Ids per "IN (...)" query, well within SQLite's limit on parameters.
-ID_CHUNK = 5000
 # Candidates with no stored vector yet embedded during a recall, at most (a bulk
 # import's backlog, or a re-embedding, must not turn a recall into indexing).
 EMBED_UNINDEXED = 16
-
-
-def approx_tokens(text: str) -> int:
-    """A token estimate for budgeting: about four characters per token."""
-    return max(1, math.ceil(len(text) / 4))
-
-
-def _date(ts: float, zone: tzinfo) -> str:
-    return datetime.fromtimestamp(ts, tz=zone).strftime("%Y-%m-%d")
 
 
 @dataclass(frozen=True)
@@ -129,22 +116,6 @@ class _Said:
     text: str
     weight: float
     vec: np.ndarray | None
-
-
-@dataclass
-class _Candidate:
-    kind: str
-    item_id: int
-    row: Row
-    cosine: float = 0.0
-    lexical: float = 0.0
-    relevance: float = 0.0
-    weight: float = 1.0
-    salience: int = TURN_SALIENCE
-    turns: tuple[int, ...] = ()
-    bonus: float = 0.0  # an open thread, mood congruence (memories.threads, .mood)
-    passage: tuple[int, int] | None = None  # a long turn's best passage (start, stop)
-    passage_id: int = 0  # ... and its row
 
 
 class Recaller:
@@ -211,7 +182,7 @@ class Recaller:
             # onnxruntime both let go of the GIL), on this recall's connection
             # while this thread does not use it
             lexical = self._keywords.submit(self._lexical, query, convo)
-            followed: list[_Candidate] = []
+            followed: list[Candidate] = []
             try:
                 raw = self.embedder.embed([query])[0]
                 qvec = self._blend(raw, convo)
@@ -225,13 +196,14 @@ class Recaller:
                 max_items = min(max_items, self._on.fallback_items)
             skip = set(exclude)
 
-            def allowed(c: _Candidate) -> bool:
+            def allowed(c: Candidate) -> bool:
                 return (f"{c.kind}:{c.item_id}" not in skip
                         and privacy.recallable(c.kind, c.row)
                         and privacy.in_scope(person, privacy.row_person(c.kind, c.row)))
 
-            result.items = self._budget([c for c in cands if allowed(c)], now, max_items,
-                                        max_tokens, query, [c for c in followed if allowed(c)])
+            budget = Budget(self._on, self.store, int(self.index.dim), self.zone)
+            result.items = budget.fill([c for c in cands if allowed(c)], max_items, max_tokens,
+                                       query, [c for c in followed if allowed(c)])
         result.elapsed_ms = (time.perf_counter() - started) * 1000
         return result
 
@@ -368,7 +340,7 @@ class Recaller:
             f"SELECT DISTINCT transcript_id FROM passages WHERE id IN ({','.join('?' * len(ids))})",
             ids)}
 
-    def _best_passages(self, cands: dict[Key, _Candidate], qvec: np.ndarray,
+    def _best_passages(self, cands: dict[Key, Candidate], qvec: np.ndarray,
                        words: dict[int, float]) -> dict[Key, tuple[float, tuple[int, int], int]]:
         """Each candidate turn's best passage (by similarity plus keyword score,
         as relevance weighs them): its similarity, its (start, stop) and its id."""
@@ -473,11 +445,11 @@ class Recaller:
             key = ("turn", int(rowid))
             found[key] = max(found.get(key, 0.0), share * max(0.0, float(score) / best))
 
-    def _load(self, keys: Iterable[Key], now: float) -> dict[Key, _Candidate]:
+    def _load(self, keys: Iterable[Key], now: float) -> dict[Key, Candidate]:
         by_kind: dict[str, list[int]] = {}
         for kind, item_id in keys:
             by_kind.setdefault(kind, []).append(item_id)
-        out: dict[Key, _Candidate] = {}
+        out: dict[Key, Candidate] = {}
         mood = current_mood(MoodService(self.store).latest(), now) if "episode" in by_kind \
             else None
         for kind, ids in by_kind.items():
@@ -486,7 +458,7 @@ class Recaller:
                 for row in self.store.rows(
                         f"SELECT * FROM transcript WHERE id IN ({marks}) AND {_RECALLABLE['turn']}",
                         ids):
-                    out[(kind, row["id"])] = _Candidate(
+                    out[(kind, row["id"])] = Candidate(
                         kind, row["id"], row,
                         weight=recency_weight(row["created_at"], now, TURN_TAU_DAYS),
                         turns=(row["id"],))
@@ -496,7 +468,7 @@ class Recaller:
                     ids)
                 cites = self._episode_citations([r["id"] for r in rows])
                 for row in rows:
-                    out[(kind, row["id"])] = _Candidate(
+                    out[(kind, row["id"])] = Candidate(
                         kind, row["id"], row,
                         weight=episode_weight(row["level"], row["last_relevant_at"], now,
                                               memory_level=row["memory_level"]),
@@ -509,7 +481,7 @@ class Recaller:
                         ids):
                     if row["kind"] not in self.kinds:
                         continue
-                    out[(kind, row["id"])] = _Candidate(
+                    out[(kind, row["id"])] = Candidate(
                         kind, row["id"], row,
                         weight=fact_weight(self.kinds.policy(row["kind"]), row["confirmed_at"],
                                            now, row["valid_to"], row["memory_level"]),
@@ -550,7 +522,7 @@ class Recaller:
                            for (item_id, _), sim in zip(rows, sims))
         return out
 
-    def _not_indexed_yet(self, keys: list[Key], cands: dict[Key, _Candidate],
+    def _not_indexed_yet(self, keys: list[Key], cands: dict[Key, Candidate],
                          qvec: np.ndarray) -> dict[Key, float]:
         """Cosine to the query of candidates that have no stored vector yet (written a
         moment ago: the Recall actor indexes after the writer's notification, so a
@@ -613,7 +585,7 @@ class Recaller:
                 [bound for pair in chunk for bound in pair]))
         return channel_of
 
-    def _neighbour_cosines(self, cands: dict[Key, _Candidate], qvec: np.ndarray,
+    def _neighbour_cosines(self, cands: dict[Key, Candidate], qvec: np.ndarray,
                            lexical: dict[Key, float] | None = None,
                            known: dict[Key, float] | None = None,
                            floor: float = math.inf) -> None:
@@ -652,7 +624,7 @@ class Recaller:
                 cand.relevance += share * max(0.0, words - cand.lexical)
 
     def _hybrid(self, query: str, qvec: np.ndarray, now: float,
-                lexical: dict[Key, float], exclude: set[str]) -> list[_Candidate]:
+                lexical: dict[Key, float], exclude: set[str]) -> list[Candidate]:
         lexical, words = _without_passages(lexical)
         dense, floor = self._dense(qvec)
         extra = self._passage_turns(qvec) if self._on.passages else set()
@@ -668,7 +640,7 @@ class Recaller:
         passages = self._best_passages(cands, qvec, words) if self._on.passages else {}
         gate = self._on.min_cosine
         named = set(query_terms(query))
-        kept: dict[Key, _Candidate] = {}
+        kept: dict[Key, Candidate] = {}
         for key, cand in cands.items():
             cand.cosine = dense.get(key, 0.0)
             if key in passages:
@@ -691,11 +663,11 @@ class Recaller:
         return list(kept.values())
 
     def _continuation(self, raw: np.ndarray, exclude: list[str], now: float,
-                      cands: list[_Candidate], qvec: np.ndarray) -> list[_Candidate]:
+                      cands: list[Candidate], qvec: np.ndarray) -> list[Candidate]:
         """The continuation hits (:mod:`runtime.recall.continuation`) as
         candidates, best first: a candidate already found is that one; one not
         found by the message is loaded with its cosine to it as its relevance
-        (it stays out of the ranking: :meth:`_continue` alone places it). A
+        (it stays out of the ranking: :meth:`Budget._continue` alone places it). A
         failure here costs the continuation only, never the recall."""
         try:
             follow = [("turn", t) for t in continuation_hits(
@@ -712,7 +684,7 @@ class Recaller:
             loaded[key].cosine = loaded[key].relevance = sim
         return [found.get(k) or loaded[k] for k in follow if k in found or k in loaded]
 
-    def _order_cited_turns(self, cands: dict[Key, _Candidate], qvec: np.ndarray) -> None:
+    def _order_cited_turns(self, cands: dict[Key, Candidate], qvec: np.ndarray) -> None:
         """Order each episode's and fact's cited turns by their own similarity to
         the query, best first; turns with no vector (pruned, or never memory)
         keep their order after the others."""
@@ -726,7 +698,7 @@ class Recaller:
             if cand.kind != "turn" and len(cand.turns) > 1:
                 cand.turns = tuple(sorted(cand.turns, key=lambda t: -sims.get(t, -2.0)))
 
-    def _fallback(self, lexical: dict[Key, float], now: float) -> list[_Candidate]:
+    def _fallback(self, lexical: dict[Key, float], now: float) -> list[Candidate]:
         lexical, _ = _without_passages(lexical)
         cands = self._load(lexical, now)
         for key, cand in cands.items():
@@ -735,191 +707,6 @@ class Recaller:
         return list(cands.values())
 
     # -- ranking and budget -----------------------------------------------
-
-    def _final(self, cand: _Candidate) -> float:
-        """A candidate's score; an episode's and a fact's are multiplied by their
-        layer's weight (``recall.weight_episodes``, ``recall.weight_facts``)."""
-        s = self._on
-        score = (s.weight_relevance * cand.relevance + s.weight_recency * cand.weight
-                 + s.weight_salience * cand.salience / 10.0 + cand.bonus)
-        if cand.kind == "episode":
-            return score * s.weight_episodes
-        if cand.kind == "fact":
-            return score * s.weight_facts
-        return score
-
-    def _budget(self, cands: list[_Candidate], now: float, max_items: int,
-                max_tokens: int, query: str = "",
-                follow: Sequence[_Candidate] = ()) -> list[RecallItem]:
-        """The best candidates within ``max_items`` and ``max_tokens``. ``follow``:
-        the conversation's continuation hits, best first (:meth:`_continuation`),
-        placed by :meth:`_continue`."""
-        scored = sorted(((self._final(c), c) for c in cands),
-                        key=lambda sc: (-sc[0], KINDS.index(sc[1].kind), sc[1].item_id))
-        best = scored[0][0] if scored else 0.0
-        scored = [sc for sc in scored if sc[0] >= self._on.relative_floor * best]
-        penalty = self._on.diversity * best
-        alike = self._on.diversity_similarity * best
-        items: list[RecallItem] = []
-        taken: list[_Candidate] = []  # items' candidates
-        used = 0
-        seared = 0
-        n = len(scored)
-        scores = np.array([sc for sc, _ in scored], dtype=np.float64)
-        alive = np.ones(n, dtype=bool)
-        covered = np.zeros(n, dtype=bool)  # from a conversation already chosen
-        same = _Conversations([c for _, c in scored], self._on.diversity_gap_s) \
-            if penalty > 0 else None
-        # MMR: each candidate's vector, and its highest cosine to a chosen item
-        vecs = self._vectors([c for _, c in scored]) if alike > 0 else None
-        nearest = np.zeros(n, dtype=np.float64)
-        while len(items) < max_items and alive.any():
-            value = scores
-            if (penalty > 0 or alike > 0) and len(items) >= self._on.diversity_after:
-                # the best once those of a chosen conversation, and those like
-                # what is chosen, are marked down
-                value = scores - penalty * covered - alike * nearest
-            pick = int(np.argmax(np.where(alive, value, -np.inf)))  # ties: the first
-            alive[pick] = False
-            score, cand = scored[pick]
-            if vecs is not None:
-                nearest = np.maximum(nearest, (vecs @ vecs[pick]).astype(np.float64))
-            if cand.row.get("memory_level") == "seared":  # at most a couple at once
-                if seared >= self._on.max_seared:
-                    continue
-                seared += 1
-            item = self._item(score, cand, query)
-            if used + item.tokens > max_tokens:
-                break
-            used += item.tokens
-            if same is not None:
-                covered |= same.of(pick)
-            items.append(item)
-            taken.append(cand)
-        for _ in range(self._on.continuation_slots if follow else 0):
-            self._continue(items, taken, [(self._final(c), c) for c in follow],
-                           max_items, max_tokens, query)
-        return items
-
-    def _continue(self, items: list[RecallItem], taken: list[_Candidate],
-                  follow: list[tuple[float, _Candidate]], max_items: int, max_tokens: int,
-                  query: str) -> None:
-        """The best continuation hit from a conversation ``items`` does not hold
-        yet goes right after the best item (first when there is none); the last
-        items give way to it when the budget is full."""
-        if max_items < 1:
-            return
-        for score, cand in follow:
-            if any(c is cand or self._near(cand, c) for c in taken):
-                continue
-            item = self._item(score, cand, query)
-            if item.tokens > max_tokens:
-                continue
-            at = min(1, len(items))
-            items.insert(at, item)
-            taken.insert(at, cand)
-            while len(items) > max_items or sum(i.tokens for i in items) > max_tokens:
-                items.pop()
-                taken.pop()
-            return
-
-    def _item(self, score: float, cand: _Candidate, query: str) -> RecallItem:
-        text = self._text(cand, query)
-        return RecallItem(
-            ref=f"{cand.kind}:{cand.item_id}", kind=cand.kind, item_id=cand.item_id,
-            text=text, score=round(score, 6), relevance=round(cand.relevance, 6),
-            channel=cand.row.get("channel"),
-            created_at=float(cand.row.get("created_at") or cand.row.get("recorded_at") or 0),
-            turns=cand.turns, tokens=approx_tokens(text), sensitive=bool(cand.row.get("sensitive")),
-            person=privacy.row_person(cand.kind, cand.row))
-
-    def _vectors(self, cands: list[_Candidate]) -> np.ndarray:
-        """The candidates' vectors, one row each (a long turn's: its best
-        passage's; zeros for one without a vector), for MMR."""
-        dim = int(self.index.dim)
-        out = np.zeros((len(cands), dim), dtype=np.float32)
-        where: dict[Key, int] = {}  # (kind or PASSAGE, id) -> row
-        for i, cand in enumerate(cands):
-            where[(PASSAGE, cand.passage_id) if cand.passage is not None
-                  else (cand.kind, cand.item_id)] = i
-        by_kind: dict[str, list[int]] = {}
-        for kind, item_id in where:
-            by_kind.setdefault(kind, []).append(item_id)
-        for kind, ids in by_kind.items():
-            for start in range(0, len(ids), ID_CHUNK):
-                chunk = ids[start:start + ID_CHUNK]
-                marks = ",".join("?" * len(chunk))
-                found = self.store.conn.execute(
-                    f"SELECT id, vec FROM passages WHERE vec IS NOT NULL AND id IN ({marks})",
-                    chunk) if kind == PASSAGE else self.store.conn.execute(
-                    f"SELECT item_id, vec FROM vectors WHERE kind = ? AND item_id IN ({marks})",
-                    [kind, *chunk])
-                for item_id, blob in found:
-                    out[where[(kind, item_id)]] = np.frombuffer(blob, dtype=np.float32)
-        return out
-
-    def _text(self, cand: _Candidate, query: str) -> str:
-        """A memory's text for the prompt; a long turn's its best passage
-        (``recall.passages``) or an excerpt (``recall.excerpt_tokens``,
-        :mod:`runtime.recall.excerpt`)."""
-        n = self._on.excerpt_tokens
-        if cand.kind == "turn" and cand.passage is not None:  # a long turn's best passage
-            content = str(cand.row["content"])
-            start, stop = cand.passage
-            body = content[start:stop]
-            if n > 0 and approx_tokens(body) > n:
-                body = excerpt(body, query, n)
-            row = {**cand.row, "content": passage_text.shown(content, start, stop, body)}
-            return render(cand.kind, row, self.zone)
-        if cand.kind == "turn" and n > 0 and approx_tokens(str(cand.row["content"])) > n:
-            row = {**cand.row, "content": excerpt(str(cand.row["content"]), query, n)}
-            return render(cand.kind, row, self.zone)
-        return render(cand.kind, cand.row, self.zone)
-
-    def _near(self, cand: _Candidate, chosen: _Candidate) -> bool:
-        """Whether ``cand`` is from the same conversation as ``chosen``: both
-        turns on one channel within ``recall.diversity_gap_s``, or citing one
-        of the same turns."""
-        if cand.kind == "turn" and chosen.kind == "turn":
-            return (cand.row.get("channel") == chosen.row.get("channel")
-                    and abs(float(cand.row.get("created_at") or 0)
-                            - float(chosen.row.get("created_at") or 0))
-                    <= self._on.diversity_gap_s)
-        return bool(set(cand.turns).intersection(chosen.turns))
-
-
-class _Conversations:
-    """Which candidates are of one conversation (:meth:`Recaller._near`, for
-    the budget's diversity term), as a mask over them at once: turns on one
-    channel within ``gap_s`` of each other, or items citing one of the same
-    turns."""
-
-    def __init__(self, cands: list[_Candidate], gap_s: float) -> None:
-        self.cands = cands
-        self.gap_s = gap_s
-        codes: dict[Any, int] = {}
-        self.turn = np.array([c.kind == "turn" for c in cands], dtype=bool)
-        self.channel = np.array([codes.setdefault(c.row.get("channel"), len(codes))
-                                 for c in cands], dtype=np.int64)
-        self.at = np.array([float(c.row.get("created_at") or 0) for c in cands],
-                           dtype=np.float64)
-        self.others = [i for i, c in enumerate(cands) if c.kind != "turn"]
-
-    def of(self, i: int) -> np.ndarray:
-        """The candidates of candidate ``i``'s conversation."""
-        chosen = self.cands[i]
-        mask = np.zeros(len(self.cands), dtype=bool)
-        rest: Sequence[int] = range(len(self.cands))
-        if chosen.kind == "turn":
-            mask = (self.turn & (self.channel == self.channel[i])
-                    & (np.abs(self.at - self.at[i]) <= self.gap_s))
-            rest = self.others  # a turn and an episode or fact: a turn cited by both
-        cited = set(chosen.turns)
-        for j in rest:
-            if not mask[j] and cited.intersection(self.cands[j].turns):
-                mask[j] = True
-        return mask
-
 
 def _without_passages(lexical: dict[Key, float]) -> tuple[dict[Key, float], dict[int, float]]:
     """The keyword stage's scores of memories, and of passages (by id) apart."""
@@ -957,56 +744,3 @@ def _fact_turns(provenance: str) -> tuple[int, ...]:
         if isinstance(ref, str) and ref.startswith("turn:") and ref[5:].isdigit():
             out.append(int(ref[5:]))
     return tuple(out)
-
-
-# A fact whose value is a sentence of at least this many words reads on its own.
-SENTENCE_WORDS = 3
-_SENTENCE_END = (".", "!", "?", "…", '."', '!"', '?"', ".)", "!)", "?)")
-# The subject of facts about the person Reverie serves (``reverie remember``'s default).
-USER_SUBJECT = "user"
-
-
-def render(kind: str, row: Row, zone: tzinfo | None = None) -> str:
-    """The text of a memory as it is injected into a prompt, dated in ``zone``
-    (default: the system's zone)."""
-    zone = household_zone() if zone is None else zone
-    if kind == "turn":
-        who = row.get("speaker") or row["role"]
-        return f"[{_date(row['created_at'], zone)}] {who}: {row['content']}"
-    if kind == "episode":
-        return f"[{_date(row['started_at'] or row['created_at'], zone)}] {row['gist']}"
-    return render_fact(row, zone)
-
-
-def render_fact(row: Row, zone: tzinfo) -> str:
-    """A fact from its kind and fields.
-
-    A fact whose value reads on its own (a sentence: a user-managed note of a
-    few words, or any value ending like a sentence) is that sentence, behind
-    its subject unless the subject is the user: ``The locker code is 4471.
-    (noted 2026-03-06)``. Any other fact is ``subject key: value`` with the
-    key's underscores as spaces: ``Ana lives in: Lisbon (since 2026-03-06)``.
-    A user-managed fact is dated by when it was noted; any other by its
-    validity window (a discovery: when it was found).
-    """
-    subject = str(row["subject"]).strip()
-    value = str(row["value"]).strip()
-    if _reads_alone(value, bool(row.get("user_managed"))):
-        text = value if subject.casefold() == USER_SUBJECT else f"{subject}: {value}"
-    else:
-        key = " ".join(str(row["key"]).replace("_", " ").split())
-        text = f"{subject} {key}: {value}"
-    if row.get("user_managed"):
-        return f"{text} (noted {_date(row['recorded_at'], zone)})"
-    since = _date(row["valid_from"], zone)
-    if row.get("valid_to") is not None:
-        return f"{text} ({since} to {_date(row['valid_to'], zone)})"
-    if row["kind"] == "discovery":
-        return f"{text} (found {since})"
-    return f"{text} (since {since})"
-
-
-def _reads_alone(value: str, user_managed: bool) -> bool:
-    if len(value.split()) < SENTENCE_WORDS:
-        return False
-    return user_managed or value.endswith(_SENTENCE_END)

@@ -83,7 +83,8 @@ from runtime.config import RecallSettings, load_settings  # noqa: E402
 from runtime.llm.embedder import Embedder, make_embedder  # noqa: E402
 from runtime.memories.transcript import MAX_TURN_CHARS, TurnIn  # noqa: E402
 from runtime.memory import Memory  # noqa: E402
-from runtime.recall.hybrid import Recaller, RecallResult  # noqa: E402
+from runtime.recall.hybrid import Recaller  # noqa: E402
+from runtime.recall.results import RecallResult  # noqa: E402
 from runtime.store.fts import match_expression  # noqa: E402
 from runtime.time.clock import ManualClock, household_zone  # noqa: E402
 
