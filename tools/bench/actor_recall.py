@@ -174,7 +174,7 @@ def prepare_store(n: int, seed: int, batch: int, work: Path,
 # -- measuring --------------------------------------------------------------
 
 def measure(settings: Settings, queries: list[str], warmup: list[str],
-            rounds: int, chunk_size: int) -> dict[str, Any]:
+            rounds: int, chunk_size: int, history: int = 0) -> dict[str, Any]:
     import ray
 
     ns = settings.runtime.namespace
@@ -192,7 +192,8 @@ def measure(settings: Settings, queries: list[str], warmup: list[str],
         open_s = time.perf_counter() - started
         try:
             load_before = c.loadavg()
-            res = _run(memory, recall_h, embed_h, queries, warmup, rounds, chunk_size)
+            asked = asked_with_history(memory, history)
+            res = _run(memory, recall_h, embed_h, queries, warmup, rounds, chunk_size, asked)
             return res | {"actors_ready_s": round(actors_s, 2), "memory_open_s": round(open_s, 2),
                           "index_counts": counts, "loadavg_before": load_before,
                           "loadavg_after": c.loadavg()}
@@ -202,9 +203,27 @@ def measure(settings: Settings, queries: list[str], warmup: list[str],
         c.stop_runtime(sup)
 
 
+def asked_with_history(memory: Memory, history: int) -> tuple[float, list[str]]:
+    """When and with what excluded every query is asked: :data:`NOW` and
+    nothing, or (``history`` > 0) as turn-zero recall asks in a conversation
+    going on: a minute after the store's newest turn, its channel's last
+    ``history`` turns excluded (the prompt's history)."""
+    if history <= 0:
+        return NOW, []
+    newest = memory.store.row("SELECT channel, created_at FROM transcript ORDER BY id DESC LIMIT 1")
+    if newest is None:
+        return NOW, []
+    rows = memory.store.rows("SELECT id FROM transcript WHERE channel = ? ORDER BY id DESC LIMIT ?",
+                             (newest["channel"], history))
+    return float(newest["created_at"]) + 60.0, [f"turn:{r['id']}" for r in rows]
+
+
 def _run(memory: Memory, recall_h: Any, embed_h: Any, queries: list[str],
-         warmup: list[str], rounds: int, chunk_size: int) -> dict[str, Any]:
+         warmup: list[str], rounds: int, chunk_size: int,
+         asked: tuple[float, list[str]] = (NOW, [])) -> dict[str, Any]:
     import ray
+
+    now, exclude = asked
 
     times: dict[str, list[float]] = {k: [] for k in
                                      ("actor", "actor_inside", "inproc", "embed", "embed_actor")}
@@ -213,7 +232,8 @@ def _run(memory: Memory, recall_h: Any, embed_h: Any, queries: list[str],
 
     def op_actor(q: str, keep: bool) -> list[str]:
         t = time.perf_counter()
-        reply: Recalled = ray.get(recall_h.recall.remote(Recall(query=q, now=NOW)), timeout=60)
+        reply: Recalled = ray.get(recall_h.recall.remote(Recall(query=q, now=now, exclude=exclude)),
+                                  timeout=60)
         if keep:
             times["actor"].append((time.perf_counter() - t) * 1000)
             times["actor_inside"].append(reply.elapsed_ms)
@@ -221,7 +241,7 @@ def _run(memory: Memory, recall_h: Any, embed_h: Any, queries: list[str],
 
     def op_inproc(q: str, keep: bool) -> list[str]:
         t = time.perf_counter()
-        result = memory.recall(q, now=NOW)
+        result = memory.recall(q, now=now, exclude=exclude)
         if keep:
             times["inproc"].append((time.perf_counter() - t) * 1000)
         return result.refs
@@ -312,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--long-answers", action="store_true",
                     help="the assistant's turns are paragraphs (over 1,100 characters):"
                          " a store of long turns")
+    ap.add_argument("--history", type=int, default=0,
+                    help="ask as in a conversation going on: a minute after the newest turn,"
+                         " its channel's last N turns excluded (default 0: at NOW, nothing)")
     ap.add_argument("--recall", type=json.loads, default={},
                     help='JSON [recall] settings for the measured runtime, e.g.'
                          ' \'{"passages": true, "diversity_similarity": 0.25}\'')
@@ -341,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
                 data_dir, meta = stores[n]
                 c.log(f"size {n:,}: starting the actors on {data_dir}")
                 settings = c.make_settings(data_dir, recall=args.recall)
-                res = measure(settings, queries, warmup, args.rounds, args.block)
+                res = measure(settings, queries, warmup, args.rounds, args.block, args.history)
                 res |= {"n": n, "store": meta}
                 results.append(res)
                 c.log(f"  in-process p50 {res['inproc']['p50_ms']:.1f} ms, "
@@ -363,7 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         "params": {"sizes": sizes, "queries": args.queries, "warmup": args.warmup,
                    "long_answers": args.long_answers, "recall": args.recall,
                    "rounds": args.rounds, "block": args.block, "seed": args.seed,
-                   "query_seed": QUERY_SEED, "now": NOW, "kinds": list(KINDS)},
+                   "query_seed": QUERY_SEED, "kinds": list(KINDS), "history": args.history,
+                   "now": NOW if args.history <= 0 else "a minute after the newest turn"},
         "results": results})
     return 0
 
