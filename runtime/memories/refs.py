@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
@@ -51,6 +52,13 @@ class Ref:
 
     def __str__(self) -> str:
         return f"{self.kind}:{self.id}"
+
+
+def turn_ids(refs: Iterable[str]) -> list[int]:
+    """The ids of the turn refs among ``refs`` (``"turn:12"`` -> 12), in order;
+    anything else is passed over."""
+    return [int(r[5:]) for r in refs
+            if r.startswith("turn:") and r[5:].isascii() and r[5:].isdigit()]
 
 
 def parse_ref(text: str) -> Ref:

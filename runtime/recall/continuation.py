@@ -24,6 +24,7 @@ from typing import cast
 
 import numpy as np
 
+from runtime.memories.refs import turn_ids
 from runtime.store.database import Store
 from runtime.store.vector_index import VectorIndex
 
@@ -39,7 +40,7 @@ def present_conversation(store: Store, refs: Iterable[str], now: float,
     of the latest turn among ``refs``, back from ``now`` while no gap exceeds
     ``gap_s``. Empty when ``refs`` names no turn or that conversation ended
     more than ``gap_s`` ago."""
-    ids = [int(r[5:]) for r in refs if r.startswith("turn:") and r[5:].isdigit()]
+    ids = turn_ids(refs)
     if not ids:
         return []
     latest = store.row("SELECT channel FROM transcript WHERE id = ?", (max(ids),))
@@ -90,5 +91,5 @@ def continuation_hits(store: Store, index: VectorIndex, qvec: np.ndarray,
     found = sorted(cast(list[tuple[int, int]], store.conn.execute(
         f"SELECT id, item_id FROM vectors WHERE id IN ({marks})",  # the labels: rowids
         list(order)).fetchall()), key=lambda r: order[r[0]])
-    skip = set(present) | {int(r[5:]) for r in refs if r.startswith("turn:") and r[5:].isdigit()}
+    skip = {*present, *turn_ids(refs)}
     return [item_id for _, item_id in found if item_id not in skip]

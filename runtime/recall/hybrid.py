@@ -48,6 +48,7 @@ from runtime.memories import privacy
 from runtime.memories.decay import episode_weight, fact_weight, recency_weight
 from runtime.memories.mood import MoodService, congruence_bonus
 from runtime.memories.mood import current as current_mood
+from runtime.memories.refs import turn_ids
 from runtime.memories.threads import recall_bonus as thread_bonus
 from runtime.recall import temporal as temporal_recall
 from runtime.recall.budget import Budget
@@ -219,7 +220,7 @@ class Recaller:
         s = self._on
         if s.context_query <= 0 or s.context_query_turns <= 0:
             return []
-        ids = [int(r[5:]) for r in refs if r.startswith("turn:") and r[5:].isdigit()]
+        ids = turn_ids(refs)
         ids = ids[-s.context_query_turns:]
         if not ids:
             return []
